@@ -1,0 +1,304 @@
+"""Policy and value losses: pure functions of tensors and scalars.
+
+Every loss takes ``(B, T)`` tensors and a ``(B, T)`` ``mask`` that is nonzero on action
+(model-generated) tokens; bool and float masks are both accepted and any nonzero entry counts as
+an action token. Each returns ``(loss, metrics)``: a scalar tensor attached to the autograd graph
+and a flat dict of python floats with namespaced keys (``loss/policy``, ``dis/masked_frac``, ...).
+
+Masked-out positions may hold anything (padding garbage, ``-inf`` log-probs, ``NaN`` values):
+inputs are zeroed there *before* any arithmetic, so they reach neither the loss nor a gradient.
+Metrics are computed under ``torch.no_grad`` and never change gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Aggregation = Literal["token_mean", "seq_mean_token_mean"]
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean")
+
+
+def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
+    for name, t in tensors.items():
+        if t is not None and t.shape != mask.shape:
+            raise ValueError(
+                f"{name} has shape {tuple(t.shape)} but mask has shape {tuple(mask.shape)}; "
+                "all loss inputs must be (B, T) tensors of the same shape"
+            )
+
+
+def _zero_outside(x: Tensor, m: Tensor) -> Tensor:
+    # torch.where (not multiplication) so that inf/NaN at padding cannot leak as 0 * inf = NaN,
+    # neither in the forward value nor in the backward pass.
+    return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def masked_aggregate(per_token: Tensor, mask: Tensor, agg: Aggregation = "token_mean") -> Tensor:
+    """Reduce a ``(B, T)`` per-token loss to a scalar over the action tokens in ``mask``.
+
+    - ``token_mean``: ``sum_{b,t} m_bt * x_bt / sum_{b,t} m_bt``, one mean over every action
+      token of the batch. Tokens that a loss zeroes (e.g. DIS out-of-band tokens) are still
+      action tokens, so they stay in the denominator: masking shrinks a step, it never rescales
+      the rest (DESIGN section 1).
+    - ``seq_mean_token_mean``: ``mean_{b: n_b > 0} (sum_t m_bt * x_bt / n_b)`` with
+      ``n_b = sum_t m_bt``; rows without any action token are left out of the outer mean.
+
+    An all-zero mask gives ``0`` (still attached to the graph, so ``backward`` works and every
+    gradient is 0), never ``NaN``.
+
+    Args:
+        per_token: ``(B, T)`` per-token values.
+        mask: ``(B, T)``, nonzero on action tokens.
+        agg: ``"token_mean"`` or ``"seq_mean_token_mean"``.
+
+    Returns:
+        A 0-dim tensor.
+    """
+    _check_shapes(mask, per_token=per_token)
+    m = mask.bool()
+    x = _zero_outside(per_token, m)
+    if agg == "token_mean":
+        return x.sum() / m.sum().clamp_min(1)
+    elif agg == "seq_mean_token_mean":
+        counts = m.sum(dim=-1)
+        row_means = x.sum(dim=-1) / counts.clamp_min(1)
+        has_tokens = counts > 0
+        return _zero_outside(row_means, has_tokens).sum() / has_tokens.sum().clamp_min(1)
+    raise ValueError(f"unknown agg {agg!r}; allowed values: {', '.join(AGGREGATIONS)}")
+
+
+@torch.no_grad()
+def _masked_stats(x: Tensor, m: Tensor) -> tuple[float, float, float]:
+    """Mean, min and max of ``x`` over ``m``; all 0.0 when ``m`` is empty."""
+    if not bool(m.any()):
+        return 0.0, 0.0, 0.0
+    vals = x[m].double()
+    return float(vals.mean()), float(vals.min()), float(vals.max())
+
+
+@torch.no_grad()
+def _frac(selected: Tensor, m: Tensor) -> float:
+    """Fraction of action tokens (``m``) where ``selected`` holds; 0.0 with no action tokens."""
+    n = int(m.sum())
+    return float((selected & m).sum()) / n if n > 0 else 0.0
+
+
+@torch.no_grad()
+def _kl_k3(log_ratio: Tensor, m: Tensor) -> float:
+    """k3 estimate of ``KL(sampler || current)`` from tokens drawn by the sampler.
+
+    With ``log_ratio = logp_current - logp_sampler`` and ``rho = exp(log_ratio)``, the k3
+    estimator (Schulman, "Approximating KL divergence") is ``rho - 1 - log rho``: unbiased for
+    ``KL(sampler || current)`` because the tokens were sampled by the sampler, and never
+    negative. The mirrored form ``1/rho - 1 + log rho`` would need samples from the current
+    policy, which we do not have here.
+    """
+    k3 = torch.expm1(log_ratio) - log_ratio
+    mean, _, _ = _masked_stats(k3, m)
+    return mean
+
+
+def dis_policy_loss(
+    logprobs: Tensor,
+    rollout_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    agg: Aggregation = "token_mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Direct double-sided importance sampling (DIS) policy loss, paper Eqs. 1-3.
+
+    With ``r_t = exp(logp_t - rollout_logp_t)`` (ratio of the current policy to the policy that
+    sampled token t, as the rollout engine recorded it)::
+
+        f(r) = r   if 1 - eps_low < r < 1 + eps_high   (strict, DESIGN section 1)
+               0   otherwise
+        loss_t = -sg(f(r_t)) * A_t * logp_t
+
+    aggregated over action tokens by :func:`masked_aggregate`. Because ``f`` is detached, the
+    in-band gradient is ``d loss_t / d logp_t = -r_t * A_t`` and out-of-band tokens get exactly
+    zero gradient whatever the sign of ``A_t`` (unlike PPO's one-sided clip). With
+    ``token_mean`` an in-band token's gradient is ``-r_t * A_t / N`` where ``N`` counts all
+    action tokens, out-of-band ones included. ``advantages`` and ``rollout_logprobs`` are
+    treated as constants (detached).
+
+    Args:
+        logprobs: ``(B, T)`` current-policy log-probs of the sampled tokens (requires grad).
+        rollout_logprobs: ``(B, T)`` log-probs recorded by the rollout engine.
+        advantages: ``(B, T)`` per-token advantages.
+        mask: ``(B, T)``, nonzero on action tokens.
+        eps_low, eps_high: band half-widths (paper: 0.3/5.0 for math, 0.8/3.0 for coding).
+        agg: see :func:`masked_aggregate`.
+
+    Returns:
+        ``(loss, metrics)`` with metrics ``loss/policy``, ``dis/masked_frac``,
+        ``dis/masked_frac_below`` (``r <= 1 - eps_low``), ``dis/masked_frac_above``
+        (``r >= 1 + eps_high``), ``dis/ratio_mean``, ``dis/ratio_min``, ``dis/ratio_max`` and
+        ``dis/kl_k3`` (k3 estimate of ``KL(rollout || current)``, see ``_kl_k3``); fractions are
+        over action tokens and every metric is 0.0 when there are none.
+    """
+    _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs, advantages=advantages)
+    m = mask.bool()
+    logp = _zero_outside(logprobs, m)
+    log_ratio = _zero_outside(logprobs.detach() - rollout_logprobs.detach(), m)
+    ratio = torch.exp(log_ratio)
+    below = ratio <= 1.0 - eps_low
+    above = ratio >= 1.0 + eps_high
+    in_band = ~below & ~above & m
+    f = _zero_outside(ratio, in_band)
+    adv = _zero_outside(advantages.detach(), m)
+    loss = masked_aggregate(-f * adv * logp, m, agg)
+
+    with torch.no_grad():
+        ratio_mean, ratio_min, ratio_max = _masked_stats(ratio, m)
+        metrics = {
+            "loss/policy": float(loss.detach()),
+            "dis/masked_frac": _frac(~in_band, m),
+            "dis/masked_frac_below": _frac(below, m),
+            "dis/masked_frac_above": _frac(above, m),
+            "dis/ratio_mean": ratio_mean,
+            "dis/ratio_min": ratio_min,
+            "dis/ratio_max": ratio_max,
+            "dis/kl_k3": _kl_k3(log_ratio, m),
+        }
+    return loss, metrics
+
+
+def ppo_clip_policy_loss(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    eps_low: float,
+    eps_high: float,
+    agg: Aggregation = "token_mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """PPO clipped surrogate with asymmetric ("clip-higher", DAPO) bounds.
+
+    With ``r_t = exp(logp_t - old_logp_t)``::
+
+        loss_t = max(-A_t * r_t, -A_t * clip(r_t, 1 - eps_low, 1 + eps_high))
+
+    aggregated over action tokens by :func:`masked_aggregate`. This is the baseline the paper
+    compares DIS against (vanilla GRPO and VAPO, ``eps_low=0.2, eps_high=0.28``); it is not one
+    of the paper's numbered equations. ``old_logprobs`` and ``advantages`` are detached.
+
+    Args:
+        logprobs: ``(B, T)`` current-policy log-probs (requires grad).
+        old_logprobs: ``(B, T)`` log-probs under the old policy (trainer weights at step start).
+        advantages: ``(B, T)`` per-token advantages.
+        mask: ``(B, T)``, nonzero on action tokens.
+        eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``.
+        agg: see :func:`masked_aggregate`.
+
+    Returns:
+        ``(loss, metrics)`` with ``loss/policy``, ``ppo/clip_frac`` (fraction of action tokens
+        where the clipped term is strictly larger, i.e. the clip zeroes the gradient),
+        ``ppo/clip_frac_low`` (of those, ``r < 1 - eps_low`` with ``A < 0``),
+        ``ppo/clip_frac_high`` (``r > 1 + eps_high`` with ``A > 0``), ``ppo/ratio_mean`` and
+        ``ppo/kl_k3`` (k3 estimate of ``KL(old || current)``, unbiased when the old policy
+        sampled the tokens; with stale async rollouts it is an approximation).
+    """
+    _check_shapes(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
+    m = mask.bool()
+    log_ratio = _zero_outside(logprobs - old_logprobs.detach(), m)
+    ratio = torch.exp(log_ratio)
+    adv = _zero_outside(advantages.detach(), m)
+    unclipped = -adv * ratio
+    clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    loss = masked_aggregate(torch.maximum(unclipped, clipped), m, agg)
+
+    with torch.no_grad():
+        clip_active = clipped > unclipped
+        ratio_mean, _, _ = _masked_stats(ratio, m)
+        metrics = {
+            "loss/policy": float(loss.detach()),
+            "ppo/clip_frac": _frac(clip_active, m),
+            "ppo/clip_frac_low": _frac(clip_active & (ratio < 1.0 - eps_low), m),
+            "ppo/clip_frac_high": _frac(clip_active & (ratio > 1.0 + eps_high), m),
+            "ppo/ratio_mean": ratio_mean,
+            "ppo/kl_k3": _kl_k3(log_ratio.detach(), m),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    old_values: Tensor | None = None,
+    clip: float | None = None,
+    agg: Aggregation = "token_mean",
+) -> tuple[Tensor, dict[str, float]]:
+    """Critic regression loss, optionally PPO-style clipped to the old values.
+
+    Unclipped: ``loss_t = 0.5 * (V_t - R_t)^2``. With ``old_values`` and ``clip``::
+
+        V_clip_t = V_old_t + clamp(V_t - V_old_t, -clip, clip)
+        loss_t   = max(0.5 * (V_t - R_t)^2, 0.5 * (V_clip_t - R_t)^2)
+
+    aggregated over action tokens by :func:`masked_aggregate` (DESIGN section 1; the paper
+    trains the critic on the skip-observation GAE returns, no numbered equation). ``returns``
+    and ``old_values`` are detached.
+
+    Args:
+        values: ``(B, T)`` critic predictions (requires grad).
+        returns: ``(B, T)`` regression targets.
+        mask: ``(B, T)``, nonzero on action tokens.
+        old_values: ``(B, T)`` predictions before this update; needed together with ``clip``.
+        clip: clip half-width in value units; needed together with ``old_values``.
+        agg: see :func:`masked_aggregate`.
+
+    Returns:
+        ``(loss, metrics)`` with ``loss/value``, ``value/mean``, ``value/returns_mean``,
+        ``value/explained_variance`` and, when clipping, ``value/clip_frac`` (fraction of action
+        tokens where the clipped error is strictly larger). Explained variance is
+        ``1 - Var(R - V) / Var(R)`` with population variances over action tokens; it is 0.0 when
+        there are no action tokens or ``Var(R)`` is numerically zero (below ``1e-12``), since
+        no prediction can explain a constant target.
+    """
+    if (old_values is None) != (clip is None):
+        raise ValueError(
+            "value_loss: pass old_values and clip together (both to clip, neither to not clip)"
+        )
+    _check_shapes(mask, values=values, returns=returns, old_values=old_values)
+    m = mask.bool()
+    v = _zero_outside(values, m)
+    ret = _zero_outside(returns.detach(), m)
+    per_token = 0.5 * (v - ret) ** 2
+    clip_active: Tensor | None = None
+    if old_values is not None and clip is not None:
+        old = _zero_outside(old_values.detach(), m)
+        v_clip = old + torch.clamp(v - old, -clip, clip)
+        clipped = 0.5 * (v_clip - ret) ** 2
+        clip_active = clipped > per_token
+        per_token = torch.maximum(per_token, clipped)
+    loss = masked_aggregate(per_token, m, agg)
+
+    with torch.no_grad():
+        value_mean, _, _ = _masked_stats(v, m)
+        returns_mean, _, _ = _masked_stats(ret, m)
+        metrics = {
+            "loss/value": float(loss.detach()),
+            "value/mean": value_mean,
+            "value/returns_mean": returns_mean,
+            "value/explained_variance": _explained_variance(v.detach(), ret, m),
+        }
+        if clip_active is not None:
+            metrics["value/clip_frac"] = _frac(clip_active, m)
+    return loss, metrics
+
+
+@torch.no_grad()
+def _explained_variance(values: Tensor, returns: Tensor, m: Tensor) -> float:
+    if not bool(m.any()):
+        return 0.0
+    r = returns[m].double()
+    var_r = float(r.var(unbiased=False))
+    if var_r < 1e-12:
+        return 0.0
+    return 1.0 - float((r - values[m].double()).var(unbiased=False)) / var_r

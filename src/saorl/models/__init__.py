@@ -1,0 +1,1 @@
+"""Policy and critic models: loading, the value head, frozen attention, chunked log-probs."""

@@ -1,0 +1,59 @@
+"""The critic: the policy's backbone with a scalar value head, and frozen attention.
+
+The critic is initialised from the policy weights (a copy of the policy's base model) with a
+zero-initialised value head, so at the start every value is 0 and the first value-loss gradients
+flow only into the head. Frozen attention (paper section 3.2) keeps every parameter of every
+module whose class name ends in `Attention` fixed during RL.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+class Critic(nn.Module):
+    """`values[b, t]` estimates the state just before token t is generated.
+
+    That is the value head applied to the hidden state at position t-1 (DESIGN.md section 1);
+    position 0 has no predecessor and gets value 0 (it is never an action position).
+    """
+
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        self.backbone = copy.deepcopy(policy.base_model)
+        hidden = policy.config.hidden_size
+        param = next(self.backbone.parameters())
+        self.value_head = nn.Linear(hidden, 1, dtype=param.dtype)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        v = self.value_head(hidden).squeeze(-1).float()  # (B, T): value of the state after t
+        # Shift right by one: values[:, t] = head(hidden[:, t-1]).
+        return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
+
+
+def freeze_attention(module: nn.Module) -> list[str]:
+    """Set `requires_grad=False` on every parameter of every `*Attention` module.
+
+    Returns the frozen parameter names. Selecting nothing is an error: a critic that silently
+    trains everything is a different algorithm (DESIGN.md section 1).
+    """
+    frozen: list[str] = []
+    for mod_name, mod in module.named_modules():
+        if type(mod).__name__.endswith("Attention"):
+            for p_name, p in mod.named_parameters():
+                p.requires_grad_(False)
+                frozen.append(f"{mod_name}.{p_name}" if mod_name else p_name)
+    if not frozen:
+        classes = sorted({type(m).__name__ for m in module.modules()})
+        raise ValueError(
+            "critic.freeze='attention' selected no parameters: no module class name ends in "
+            f"'Attention' (found: {', '.join(classes[:12])}...). Use critic.freeze='none' to "
+            "train the whole critic."
+        )
+    return frozen

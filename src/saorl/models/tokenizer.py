@@ -1,0 +1,32 @@
+"""The project's own character-level tokenizer for the built-in tasks.
+
+Built with `tokenizers` (no download): one token per printable ASCII character plus `<pad>`,
+`<eos>` and `<unk>`. Wrapped in a `PreTrainedTokenizerFast` so the rest of saorl treats it
+exactly like a Hugging Face tokenizer loaded from a directory.
+"""
+
+from __future__ import annotations
+
+import string
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ["<pad>", "<eos>", "<unk>"]
+CHARS = [c for c in string.printable if c not in "\t\n\r\x0b\x0c"]
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """A char-level tokenizer over printable ASCII; ids 0, 1, 2 are pad, eos, unk."""
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    # Every character is its own pre-token, spaces included, so ids map 1:1 to characters.
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        clean_up_tokenization_spaces=False,
+    )

@@ -1,0 +1,55 @@
+"""The engine interface every rollout backend implements (HF in-process now, vLLM later).
+
+Engines are token in, token out: a request carries prompt token ids and a completion returns the
+sampled token ids, the log-prob of each under the sampling distribution `softmax(logits / T)`
+(before top-p truncation, DESIGN.md section 1) and the policy version that sampled each token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+FinishReason = Literal["eos", "stop", "length", "aborted"]
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt to continue. `max_new_tokens` is clamped to the model's context by the engine."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    request_id: int = 0
+    greedy: bool = False
+    stop: list[str] = field(default_factory=list)
+    payload: Any = None  # carried through untouched (the task, for the caller)
+
+
+@dataclass
+class Completion:
+    request: GenerationRequest
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: FinishReason
+
+
+class Engine(Protocol):
+    """What the rollout side needs from a generation backend."""
+
+    version: int
+
+    def add_request(self, request: GenerationRequest) -> None:
+        """Queue a request; it joins the running batch at the next decoding step."""
+
+    def step(self) -> list[Completion]:
+        """Run one decoding step over the running batch; return the sequences that finished."""
+
+    def num_unfinished(self) -> int:
+        """Requests queued or running."""
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        """Run requests to completion; results in request order."""
+
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        """Load new policy weights; takes effect between decoding steps (partial rollouts)."""

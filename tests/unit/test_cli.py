@@ -1,0 +1,187 @@
+"""The `saorl` command line: config printing, overrides, exit codes, and no torch for --help."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from saorl.cli import main
+from saorl.config import Config, ConfigError, load_config
+
+_SRC = Path(__file__).resolve().parents[2] / "src"
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_SRC), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def test_print_config_reloads_to_equal_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", "--print-config"]) == 0
+    path = tmp_path / "printed.toml"
+    path.write_text(capsys.readouterr().out)
+    assert load_config(path) == Config()
+
+
+def test_overrides_reflected(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = tmp_path / "base.toml"
+    base.write_text("[learner]\nbatch_size = 8\n")
+    argv = ["train", "--config", str(base), "learner.lr=1e-5", "--print-config", "run.name=exp1"]
+    assert main(argv) == 0
+    path = tmp_path / "printed.toml"
+    path.write_text(capsys.readouterr().out)
+    cfg = load_config(path)
+    assert cfg == load_config(base, ["learner.lr=1e-5", "run.name=exp1"])
+    assert (cfg.learner.batch_size, cfg.learner.lr, cfg.run.name) == (8, 1e-5, "exp1")
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("algorithm.eps_low=-0.1", "algorithm.eps_low"),
+        ("algorithm.eps_lo=0.1", "algorithm.eps_lo"),
+        ("algorithm.name=foo", "algorithm.name"),
+        ("learner.batch_size", "learner.batch_size"),
+    ],
+)
+def test_bad_override_exits_2(override: str, key: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--print-config", override]) == 2
+    captured = capsys.readouterr()
+    assert key in captured.err
+    assert "Traceback" not in captured.err
+    assert captured.out == ""
+
+
+def test_missing_config_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--config", str(tmp_path / "nope.toml")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_unknown_flag_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["train", "run.name=x", "--no-such-flag"])
+    assert info.value.code == 2
+
+
+def test_help_config_lists_fields(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    assert "algorithm.eps_low = 0.3" in out
+    assert "critic optimizer steps per policy step" in out
+
+
+def _fake_loop(monkeypatch: pytest.MonkeyPatch, result: Any) -> list[tuple[Config, str | None]]:
+    """Install a stand-in `saorl.loop` (the real one trains a model)."""
+    calls: list[tuple[Config, str | None]] = []
+
+    def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
+        calls.append((cfg, resume))
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    module = types.ModuleType("saorl.loop")
+    module.train_from_config = train_from_config  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "saorl.loop", module)
+    return calls
+
+
+def test_train_calls_loop_and_prints_run_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _fake_loop(monkeypatch, {"run_dir": str(tmp_path / "r"), "eval/accuracy": 0.5})
+    assert main(["train", "run.total_steps=3", f"run.output_dir={tmp_path}"]) == 0
+    [(cfg, resume)] = calls
+    assert cfg.run.total_steps == 3 and resume is None
+    out = capsys.readouterr().out
+    assert f"run directory: {tmp_path / 'r'}" in out
+    assert "eval/accuracy: 0.5" in out
+
+
+def test_train_without_run_dir_in_summary(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_loop(monkeypatch, {})
+    assert main(["train", "run.output_dir=out", "run.name=exp"]) == 0
+    assert f"run directory: {Path('out') / 'exp'}" in capsys.readouterr().out
+
+
+def test_resume_uses_saved_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    calls = _fake_loop(monkeypatch, {})
+    run_dir = tmp_path / "exp1"
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text('[run]\nname = "exp1"\ntotal_steps = 7\n')
+    assert main(["train", "--resume", str(run_dir), "run.total_steps=9"]) == 0
+    [(cfg, resume)] = calls
+    assert (cfg.run.name, cfg.run.total_steps, resume) == ("exp1", 9, str(run_dir))
+
+
+def test_resume_missing_dir_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_config_error_from_loop_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _fake_loop(monkeypatch, ConfigError("model.name_or_path: no such directory"))
+    assert main(["train"]) == 2
+    assert "model.name_or_path" in capsys.readouterr().err
+
+
+def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "train" in capsys.readouterr().err
+
+
+_NO_TORCH = """
+import sys
+import saorl.cli
+for argv in (["--help"], ["train", "--help"]):
+    try:
+        saorl.cli.main(argv)
+    except SystemExit as exc:
+        assert exc.code == 0, exc.code
+assert saorl.cli.main(["train", "--print-config"]) == 0
+assert saorl.cli.main(["train", "--help-config"]) == 0
+assert "torch" not in sys.modules, "torch was imported"
+print("NO_TORCH_OK")
+"""
+
+
+def test_help_does_not_import_torch() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", _NO_TORCH],
+        env=_child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "NO_TORCH_OK" in proc.stdout
+
+
+def test_python_m_saorl(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "saorl", "train", "--print-config", "learner.lr=3e-5"]
+    proc = subprocess.run(cmd, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "printed.toml"
+    path.write_text(proc.stdout)
+    assert load_config(path) == load_config(overrides=["learner.lr=3e-5"])
+
+    bad = [sys.executable, "-m", "saorl", "train", "--print-config", "algorithm.eps_low=-0.1"]
+    proc = subprocess.run(bad, env=_child_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "algorithm.eps_low: must be > 0, got -0.1" in proc.stderr
+    assert "Traceback" not in proc.stderr
