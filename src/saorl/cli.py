@@ -2,11 +2,12 @@
 
     saorl train [--config FILE.toml] [--print-config] [--help-config] [--resume RUN_DIR]
                 [section.field=value ...]
+    saorl report RUN_DIR
 
 Nothing heavy is imported at module level: `saorl --help`, `saorl train --help`,
 `--print-config` and `--help-config` never import torch; the training loop is imported only
-when a run starts. Exit codes: 0 success, 2 bad command line or config (message on stderr, no
-traceback), 130 interrupted.
+when a run starts; `saorl report` imports matplotlib only when it draws. Exit codes: 0 success,
+2 bad command line, config or run directory (message on stderr, no traceback), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -64,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="config overrides"
     )
+    report = commands.add_parser(
+        "report",
+        help="plot a run's metrics.jsonl into RUN_DIR/report.png",
+        description="Plot the curves of a run (reward, held-out accuracy, losses, DIS masking, "
+        "staleness, throughput) from RUN_DIR/metrics.jsonl into RUN_DIR/report.png.",
+        allow_abbrev=False,
+    )
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/NAME)")
     return parser
 
 
@@ -75,6 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command == "report":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _report(args)
     flags = [a for a in extra if a.startswith("-")]
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
@@ -104,6 +117,18 @@ def _train(args: argparse.Namespace) -> int:
         print("saorl train: interrupted", file=sys.stderr)
         return 130
     _print_summary(cfg, summary or {})
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    from saorl.report import report_run  # imports matplotlib only when it draws
+
+    try:
+        png = report_run(Path(args.run_dir))
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"saorl report: error: {exc}", file=sys.stderr)
+        return 2
+    print(png)
     return 0
 
 

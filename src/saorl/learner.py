@@ -56,21 +56,40 @@ class Learner:
         self.cfg = cfg
         self.device = device
         self.policy = policy.to(device)
-        self.critic = Critic(policy).to(device)
-        self.frozen: list[str] = []
-        if cfg.critic.freeze == "attention":
-            self.frozen = freeze_attention(self.critic)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(
             self.policy_params, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
         )
-        self.critic_opt = torch.optim.AdamW(
-            self.critic_params, lr=cfg.critic.lr, weight_decay=cfg.critic.weight_decay
-        )
+        self.reset_critic_from_policy()
         self.version = 0  # policy version: number of policy optimizer steps taken
         self.steps = 0  # learner steps (critic warm-up steps included)
         self.skipped_steps = 0  # steps whose gradient was not finite
+
+    def reset_critic_from_policy(self) -> None:
+        """(Re-)initialise the critic from the current policy, with a fresh optimizer.
+
+        Called at construction and again after a supervised warm-up, so that the critic starts
+        from the policy it will judge (DESIGN.md section 1).
+        """
+        cfg = self.cfg
+        self.critic = Critic(self.policy).to(self.device)
+        self.frozen: list[str] = []
+        if cfg.critic.freeze == "attention":
+            self.frozen = freeze_attention(self.critic)
+        self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
+        self.critic_opt = torch.optim.AdamW(
+            self.critic_params, lr=cfg.critic.lr, weight_decay=cfg.critic.weight_decay
+        )
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore weights, optimizers and counters from a checkpoint dict."""
+        self.policy.load_state_dict(state["policy"])
+        self.critic.load_state_dict(state["critic"])
+        self.policy_opt.load_state_dict(state["policy_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.steps = state["step"]
+        self.version = state["version"]
+        self.skipped_steps = state.get("skipped_steps", 0)
 
     def _micro_slices(self, batch: Batch) -> list[slice]:
         mb = self.cfg.learner.micro_batch_size

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
-from saorl.config import ModelConfig
+from saorl.config import ConfigError, ModelConfig
 from saorl.models.tokenizer import build_char_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
@@ -58,31 +58,31 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
     if cfg.name_or_path.startswith(BUILTIN_PREFIX):
         kind = cfg.name_or_path[len(BUILTIN_PREFIX) :]
         if kind != "tiny":
-            raise ValueError(f"model.name_or_path: unknown built-in {kind!r}; allowed: 'tiny'")
+            raise ConfigError(f"model.name_or_path: unknown built-in {kind!r}; allowed: 'tiny'")
         tokenizer = build_char_tokenizer()
         model = build_tiny_model(cfg, tokenizer)
     else:
         path = Path(cfg.name_or_path).expanduser()
         if not path.is_dir():
-            raise FileNotFoundError(
+            raise ConfigError(
                 f"model.name_or_path={cfg.name_or_path!r} is not a local directory; give a "
                 "Hugging Face model directory (config.json, weights, tokenizer) or 'builtin:tiny'"
             )
         if not (path / "config.json").exists():
-            raise FileNotFoundError(f"model.name_or_path: {path} has no config.json")
+            raise ConfigError(f"model.name_or_path: {path} has no config.json")
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
         except (OSError, ValueError) as e:
-            raise RuntimeError(f"could not load the model in {path}: {e}") from e
+            raise ConfigError(f"model.name_or_path: could not load the model in {path}: {e}") from e
         if tokenizer.pad_token_id is None:
             # Pad positions are always masked out; reusing EOS is the usual choice.
             tokenizer.pad_token = tokenizer.eos_token
     model.to(dtype)
     if getattr(model.config, "vocab_size", len(tokenizer)) < len(tokenizer):
-        raise ValueError(
-            f"tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-            f"{model.config.vocab_size}: model and tokenizer do not match"
+        raise ConfigError(
+            f"model.name_or_path: tokenizer has {len(tokenizer)} tokens but the model's "
+            f"vocab_size is {model.config.vocab_size}: model and tokenizer do not match"
         )
     return model, tokenizer
 

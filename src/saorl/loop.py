@@ -1,0 +1,255 @@
+"""`saorl train`: asynchronous single-rollout SAO, top to bottom.
+
+    setup -> supervised warm-up (built-in task) -> initial eval -> checkpoint 0
+    rollout worker thread: fill engine (admission control) -> decode -> trajectories -> queue
+    learner (this thread), each step:
+        take the first `batch_size` finished trajectories (drop and count the too-stale ones)
+        -> SAO step (critic values, GAE, K critic updates, DIS policy update)
+        -> push weights to the engine every `push_every` versions -> log / eval / checkpoint
+    final eval, checkpoint, summary.json, report.png
+
+With `run.concurrency = "sync"` the same pieces run one after another (generate a batch, then
+train): the baseline that asynchrony is measured against.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from saorl.checkpoint import load_latest_checkpoint, save_checkpoint
+from saorl.config import Config, ConfigError, config_to_toml
+from saorl.envs.arithmetic import ArithmeticTask
+from saorl.learner import Learner
+from saorl.metrics import MetricsLogger, TrainProgress, truncate_metrics
+from saorl.models.loading import load_policy, resolve_device, save_pretrained
+from saorl.rollout.engine import GenerationRequest
+from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.worker import Admission, RolloutWorker
+from saorl.sft import encode_demos, sft_step
+from saorl.types import Batch, Trajectory
+
+
+def evaluate(learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config) -> float:
+    """Greedy accuracy on the held-out problems, sampled from the learner's current policy."""
+    engine = HFEngine(
+        learner.policy,
+        tokenizer,
+        max_seq_len=cfg.model.max_seq_len,
+        max_concurrent=max(cfg.rollout.max_concurrent, 256),
+        copy_model=False,
+    )
+    reqs = [
+        GenerationRequest(
+            tokenizer.encode(p.prompt, add_special_tokens=False),
+            cfg.rollout.max_new_tokens,
+            greedy=True,
+            payload=p,
+        )
+        for p in task.held_out
+    ]
+    outs = engine.generate(reqs)
+    learner.policy.train()
+    return sum(
+        task.reward(c.request.payload, tokenizer.decode(c.token_ids, skip_special_tokens=True))
+        for c in outs
+    ) / len(outs)
+
+
+def supervised_warmup(
+    learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config, progress: TrainProgress
+) -> None:
+    lc = cfg.learner
+    opt = torch.optim.AdamW(learner.policy.parameters(), lr=lc.sft_lr)
+    rng = random.Random(cfg.run.seed + 1)
+    bar = progress.phase("supervised warm-up", lc.sft_steps)
+    for _ in range(lc.sft_steps):
+        probs = [task.sample(rng) for _ in range(lc.sft_batch_size)]
+        demos = encode_demos(tokenizer, [p.prompt for p in probs], [p.answer for p in probs])
+        sft_step(learner.policy, opt, demos)
+        bar.advance()
+    # The critic starts from the policy it will judge (DESIGN.md: initialised from the policy).
+    learner.reset_critic_from_policy()
+
+
+def _collect(
+    worker: RolloutWorker, learner: Learner, n: int, max_staleness: int, sync: bool
+) -> tuple[list[Trajectory], int, float]:
+    """The first `n` finished, fresh-enough trajectories; returns them, drops, seconds waited."""
+    batch: list[Trajectory] = []
+    dropped, waited = 0, 0.0
+    while len(batch) < n:
+        if sync:
+            worker.fill()
+            worker.step()
+        if worker.error is not None:
+            raise RuntimeError("rollout worker failed") from worker.error
+        t0 = time.perf_counter()
+        try:
+            traj = worker.out.get(timeout=0.0 if sync else 1.0)
+        except Exception:  # queue.Empty: nothing finished yet
+            waited += time.perf_counter() - t0
+            continue
+        waited += time.perf_counter() - t0
+        if traj.staleness(learner.version) > max_staleness:
+            dropped += 1  # the safety net behind admission control: never train on it
+            continue
+        batch.append(traj)
+    return batch, dropped, waited
+
+
+def _state(learner: Learner, worker_rng: random.Random, started: int, extra: dict) -> dict:
+    return {
+        "step": learner.steps,
+        "version": learner.version,
+        "policy": learner.policy.state_dict(),
+        "critic": learner.critic.state_dict(),
+        "policy_opt": learner.policy_opt.state_dict(),
+        "critic_opt": learner.critic_opt.state_dict(),
+        "skipped_steps": learner.skipped_steps,
+        "torch_rng": torch.get_rng_state(),
+        "prompt_rng": worker_rng.getstate(),
+        "data_position": started,
+        **extra,
+    }
+
+
+def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
+    run_dir = Path(resume) if resume else Path(cfg.run.output_dir) / cfg.run.name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    device = resolve_device(cfg.model.device)
+    policy, tokenizer = load_policy(cfg.model)
+    task = ArithmeticTask(cfg.env.num_digits, cfg.env.eval_size, cfg.env.seed)
+    learner = Learner(cfg, policy, device)
+    prompt_rng = random.Random(cfg.run.seed)
+    started, extra = 0, {}
+    (run_dir / "config.toml").write_text(config_to_toml(cfg))
+    state = None
+    if resume:
+        try:
+            state = load_latest_checkpoint(run_dir)[1]
+        except FileNotFoundError as e:
+            raise ConfigError(f"--resume: {e}") from e
+    if state is not None:
+        learner.load_state(state)
+        torch.set_rng_state(state["torch_rng"])
+        prompt_rng.setstate(state["prompt_rng"])
+        started = state["data_position"]
+        extra = {"initial_eval_accuracy": state["initial_eval_accuracy"]}
+        truncate_metrics(run_dir / "metrics.jsonl", learner.steps)
+    progress = TrainProgress(
+        cfg.run.total_steps, enabled=cfg.run.progress, initial_step=learner.steps
+    )
+    with progress, MetricsLogger(run_dir) as log:
+        if state is None:
+            if cfg.learner.sft_steps:
+                supervised_warmup(learner, tokenizer, task, cfg, progress)
+            extra = {"initial_eval_accuracy": evaluate(learner, tokenizer, task, cfg)}
+            log.log({"step": 0, "eval/accuracy": extra["initial_eval_accuracy"]})
+            save_checkpoint(run_dir, 0, _state(learner, prompt_rng, started, extra))
+        t_start = time.perf_counter()
+        summary = _rl_loop(cfg, learner, tokenizer, task, prompt_rng, started, extra, run_dir,
+                           log, progress)  # fmt: skip
+    summary["wall_seconds"] = time.perf_counter() - t_start
+    summary["run_dir"] = str(run_dir)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    save_pretrained(learner.policy, tokenizer, run_dir / "final")
+    _write_report(run_dir)
+    return summary
+
+
+def _rl_loop(
+    cfg: Config,
+    learner: Learner,
+    tokenizer: Any,
+    task: ArithmeticTask,
+    prompt_rng: random.Random,
+    started: int,
+    extra: dict,
+    run_dir: Path,
+    log: MetricsLogger,
+    progress: TrainProgress,
+) -> dict[str, Any]:
+    rc, lc, sync = cfg.rollout, cfg.learner, cfg.run.concurrency == "sync"
+    engine = HFEngine(
+        learner.policy,
+        tokenizer,
+        max_seq_len=cfg.model.max_seq_len,
+        temperature=rc.temperature,
+        top_p=rc.top_p,
+        max_concurrent=rc.max_concurrent,
+        seed=cfg.run.seed + learner.steps,
+        version=learner.version,
+    )
+    admission = Admission(lc.batch_size, lc.max_staleness, consumed=learner.steps)
+    worker = RolloutWorker(
+        engine, task, tokenizer, admission, max_new_tokens=rc.max_new_tokens,
+        max_concurrent=rc.max_concurrent, stop=rc.stop, rng=prompt_rng, started=started,
+    )  # fmt: skip
+    # Admission counts rollouts started since resume: rebase it on the current position.
+    worker.started = learner.steps * lc.batch_size
+    base_position = started - worker.started
+    if not sync:
+        worker.start()
+    t0 = time.perf_counter()
+    waited_total, dropped_total, tok0, last_eval = 0.0, 0, engine.tokens_generated, None
+    try:
+        while learner.steps < cfg.run.total_steps:
+            t_step = time.perf_counter()
+            trajs, dropped, waited = _collect(worker, learner, lc.batch_size, lc.max_staleness,
+                                              sync)  # fmt: skip
+            admission.consume()
+            waited_total += waited
+            dropped_total += dropped
+            stale = [t.staleness(learner.version) for t in trajs]
+            batch = Batch.from_trajectories(trajs, tokenizer.pad_token_id)
+            version_before = learner.version
+            metrics = learner.step(batch)
+            if learner.version != version_before and learner.version % lc.push_every == 0:
+                engine.update_weights(learner.policy_state(), learner.version)
+            now = time.perf_counter()
+            metrics.update({
+                "step": learner.steps,
+                "rollout/reward_mean": float(batch.scores.mean()),
+                "rollout/response_len_mean": float(batch.action_mask.sum(-1).mean()),
+                "async/staleness_mean": sum(stale) / len(stale),
+                "async/staleness_max": max(stale),
+                "async/dropped_stale": dropped_total,
+                "perf/learner_idle_frac": waited_total / max(now - t0, 1e-9),
+                "perf/rollout_tokens_per_s": (engine.tokens_generated - tok0) / max(now - t0, 1e-9),
+                "perf/step_s": now - t_step,
+                "time/wall_s": now - t0,
+            })  # fmt: skip
+            ev = cfg.run.eval_every
+            if learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0):
+                last_eval = evaluate(learner, tokenizer, task, cfg)
+                metrics["eval/accuracy"] = last_eval
+            ck = cfg.run.checkpoint_every
+            if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
+                pos = base_position + worker.started
+                save_checkpoint(run_dir, learner.steps, _state(learner, prompt_rng, pos, extra))
+            log.log(metrics)
+            progress.update(learner.steps, metrics)
+    finally:
+        worker.stop_thread()
+    return {
+        "initial_eval_accuracy": extra["initial_eval_accuracy"],
+        "final_eval_accuracy": last_eval,
+        "steps": learner.steps,
+        "policy_version": learner.version,
+        "dropped_stale": dropped_total,
+        "learner_idle_frac": waited_total / max(time.perf_counter() - t0, 1e-9),
+    }
+
+
+def _write_report(run_dir: Path) -> None:
+    from saorl.report import report_run
+
+    report_run(run_dir)

@@ -1,0 +1,146 @@
+"""Rollout worker: keeps an engine busy with single rollouts of fresh prompts.
+
+The worker fills the engine up to `max_concurrent` running sequences, runs decoding steps, and
+turns each finished completion into a scored `Trajectory` on the output queue. It never waits
+for a group: a trajectory is ready for the learner the moment its own sequence finishes.
+
+Admission control (DESIGN.md section 2): the i-th rollout (counting from 0) may start only
+while `i < (consumed + max(max_staleness, 1)) * batch_size`, where `consumed` is the number of
+batches the learner has taken. If the learner trained on trajectories in start order, rollout i
+would be trained in batch `i // batch_size`, at most `max_staleness - 1` batches after it
+started: one batch of slack, because completion order differs from start order (a long rollout
+finishes after shorter ones that started later). Weight pushes may lag too, so the learner still
+checks staleness and drops what exceeds it.
+"""
+
+from __future__ import annotations
+
+import queue
+import random
+import threading
+import time
+from typing import Any
+
+from saorl.envs.arithmetic import ArithmeticTask, Problem
+from saorl.rollout.engine import Completion, Engine, GenerationRequest
+from saorl.types import Trajectory
+
+
+class Admission:
+    """Shared counter of consumed batches, with the admission rule above."""
+
+    def __init__(self, batch_size: int, max_staleness: int, consumed: int = 0) -> None:
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.consumed = consumed
+        self.cond = threading.Condition()
+
+    def allows(self, started: int) -> bool:
+        return started < (self.consumed + max(self.max_staleness, 1)) * self.batch_size
+
+    def consume(self) -> None:
+        with self.cond:
+            self.consumed += 1
+            self.cond.notify_all()
+
+
+def completion_to_trajectory(c: Completion, tokenizer: Any, task: ArithmeticTask) -> Trajectory:
+    problem: Problem = c.request.payload
+    text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    reward = task.reward(problem, text) if c.finish_reason != "aborted" else 0.0
+    return Trajectory(
+        prompt_ids=list(c.request.prompt_ids),
+        completion_ids=list(c.token_ids),
+        loss_mask=[1] * len(c.token_ids),
+        rollout_logprobs=list(c.logprobs),
+        versions=list(c.versions),
+        reward=reward,
+        stop_reason=c.finish_reason,
+        prompt_key=problem.key,
+        info={"text": text},
+    )
+
+
+class RolloutWorker:
+    """Generates single rollouts for fresh training prompts; thread-safe to run in a thread."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        task: ArithmeticTask,
+        tokenizer: Any,
+        admission: Admission,
+        *,
+        max_new_tokens: int,
+        max_concurrent: int,
+        stop: list[str] | None = None,
+        rng: random.Random | None = None,
+        started: int = 0,
+    ) -> None:
+        self.engine = engine
+        self.task = task
+        self.tokenizer = tokenizer
+        self.admission = admission
+        self.max_new_tokens = max_new_tokens
+        self.max_concurrent = max_concurrent
+        self.stop = stop or []
+        self.rng = rng or random.Random(0)
+        self.started = started  # data position: prompts drawn so far
+        self.out: queue.Queue[Trajectory] = queue.Queue()
+        self.idle_s = 0.0
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def new_request(self) -> GenerationRequest:
+        problem = self.task.sample(self.rng)
+        ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False)
+        self.started += 1
+        return GenerationRequest(
+            prompt_ids=ids,
+            max_new_tokens=self.max_new_tokens,
+            request_id=self.started,
+            stop=self.stop,
+            payload=problem,
+        )
+
+    def fill(self) -> None:
+        """Start as many new rollouts as the engine has room for and admission allows."""
+        while self.engine.num_unfinished() < self.max_concurrent and self.admission.allows(
+            self.started
+        ):
+            self.engine.add_request(self.new_request())
+
+    def step(self) -> int:
+        """One decoding step; finished trajectories go to `out`. Returns how many finished."""
+        done = self.engine.step()
+        for c in done:
+            self.out.put(completion_to_trajectory(c, self.tokenizer, self.task))
+        return len(done)
+
+    # -- background thread ------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="rollout-worker", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.fill()
+                if self.engine.num_unfinished() == 0:
+                    # Admission says wait: sleep until the learner consumes a batch.
+                    t0 = time.perf_counter()
+                    with self.admission.cond:
+                        self.admission.cond.wait(timeout=0.05)
+                    self.idle_s += time.perf_counter() - t0
+                    continue
+                self.step()
+        except BaseException as e:  # surfaced to the learner thread, which re-raises
+            self.error = e
+
+    def stop_thread(self) -> None:
+        self._stop.set()
+        with self.admission.cond:
+            self.admission.cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)

@@ -1,0 +1,106 @@
+"""The HF engine against the learner's own log-prob computation, and its batching behaviour."""
+
+from __future__ import annotations
+
+import torch
+
+from saorl.models.logprobs import sequence_logprobs
+from saorl.rollout.engine import GenerationRequest
+from saorl.rollout.hf_engine import HFEngine
+
+
+def _engine(model, tok, **kw) -> HFEngine:
+    return HFEngine(model, tok, max_seq_len=32, **kw)
+
+
+def _requests(tok, prompts: list[str], n: int = 6, **kw) -> list[GenerationRequest]:
+    return [GenerationRequest(tok.encode(p), n, request_id=i, **kw) for i, p in enumerate(prompts)]
+
+
+def test_engine_logprobs_match_learner_recomputation(tiny_policy):
+    model, tok = tiny_policy
+    for temperature in (1.0, 0.7):
+        engine = _engine(model, tok, temperature=temperature, top_p=0.9, max_concurrent=3)
+        outs = engine.generate(_requests(tok, ["12+34=", "7+8=", "99+1=", "5+5="]))
+        for c in outs:
+            ids = torch.tensor([c.request.prompt_ids + c.token_ids])
+            lp = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)
+            recomputed = lp[0, len(c.request.prompt_ids) :]
+            # Same weights, same float32 math up to batching/padding order: 1e-4 absolute.
+            # top_p truncates sampling only; recorded log-probs are of the full softmax(l/T).
+            torch.testing.assert_close(recomputed, torch.tensor(c.logprobs), atol=1e-4, rtol=0)
+
+
+def test_chunked_logprobs_equal_unchunked(tiny_policy):
+    model, _ = tiny_policy
+    ids = torch.randint(3, 90, (3, 20))
+    attn = torch.ones_like(ids)
+    full = sequence_logprobs(model, ids, attn, chunk_size=1000)
+    chunked = sequence_logprobs(model, ids, attn, chunk_size=3)
+    torch.testing.assert_close(full, chunked)
+    logits = model(input_ids=ids, attention_mask=attn).logits.float()
+    ref = torch.log_softmax(logits[:, :-1], -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    torch.testing.assert_close(full[:, 1:], ref, atol=1e-5, rtol=1e-5)
+    assert torch.all(full[:, 0] == 0)
+
+
+def test_weight_update_mid_generation_shows_in_versions(tiny_policy):
+    model, tok = tiny_policy
+    engine = _engine(model, tok, max_concurrent=4)
+    for r in _requests(tok, ["1+1=", "2+2="], n=10):
+        r.stop = []
+        engine.add_request(r)
+    # Force long generations: no early EOS so that the update lands mid-sequence.
+    engine.eos_id = -1
+    for _ in range(3):
+        assert engine.step() == []
+    new_state = {k: v + 0.01 for k, v in model.state_dict().items()}
+    engine.update_weights(new_state, version=7)
+    outs = []
+    while engine.num_unfinished():
+        outs += engine.step()
+    assert len(outs) == 2
+    for c in outs:
+        assert c.versions == [0, 0, 0] + [7] * 7
+        assert c.finish_reason == "length"
+    # The engine's private copy changed; the caller's model did not.
+    p = next(iter(model.state_dict()))
+    assert torch.equal(engine.model.state_dict()[p], new_state[p])
+    assert not torch.equal(model.state_dict()[p], new_state[p])
+
+
+def test_continuous_batching_long_rollout_does_not_hold_others(tiny_policy):
+    model, tok = tiny_policy
+    engine = _engine(model, tok, max_concurrent=2)
+    engine.eos_id = -1
+    long = GenerationRequest(tok.encode("1+1="), 20, request_id=0)
+    shorts = [GenerationRequest(tok.encode("2+2="), 2, request_id=i) for i in range(1, 5)]
+    for r in [long, *shorts]:
+        engine.add_request(r)
+    finished_at: dict[int, int] = {}
+    step = 0
+    while engine.num_unfinished():
+        step += 1
+        for c in engine.step():
+            finished_at[c.request.request_id] = step
+    # Slot 2 is reused: the four short ones finish at steps 2, 4, 6, 8 while the long one runs.
+    assert [finished_at[i] for i in range(1, 5)] == [2, 4, 6, 8]
+    assert finished_at[0] == 20
+
+
+def test_stop_strings_greedy_and_context_clamp(tiny_policy):
+    model, tok = tiny_policy
+    engine = _engine(model, tok, max_concurrent=4)
+    greedy = engine.generate(_requests(tok, ["3+4="] * 2, n=8, greedy=True))
+    assert greedy[0].token_ids == greedy[1].token_ids  # greedy is deterministic
+    # A stop string that the greedy continuation contains ends the sequence right there.
+    text = tok.decode(greedy[0].token_ids, skip_special_tokens=True)
+    if len(text) >= 2:
+        stop = text[1]
+        out = engine.generate(_requests(tok, ["3+4="], n=8, greedy=True, stop=[stop]))[0]
+        assert out.finish_reason == "stop"
+        assert tok.decode(out.token_ids).endswith(stop)
+    # max_new_tokens is clamped to the context: prompt 30 + 2 tokens fills max_seq_len 32.
+    engine.eos_id = -1
+    out = engine.generate([GenerationRequest([5] * 30, 10)])[0]
+    assert len(out.token_ids) == 2 and out.finish_reason == "length"
