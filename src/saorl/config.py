@@ -233,6 +233,12 @@ class LearnerConfig(_Section):
     push_every: int = Field(
         1, ge=1, description="optimizer steps between weight pushes to the engines; design: 1"
     )
+    lr_warmup_steps: int = Field(
+        20,
+        ge=0,
+        description="policy updates over which the policy lr ramps linearly from 0 (Adam's "
+        "first steps move every weight by ~lr whatever the signal); paper: not stated",
+    )
     sft_steps: int = Field(
         300, ge=0, description="supervised warm-up steps on the built-in task before RL; 0 = none"
     )
@@ -264,6 +270,12 @@ class RunConfig(_Section):
     )
     eval_every: int = Field(
         25, ge=0, description="optimizer steps between evaluations; 0 = only at start and end"
+    )
+    eval_samples: int = Field(
+        4,
+        ge=1,
+        description="samples per held-out problem for eval/accuracy (at rollout.temperature, "
+        "like the paper's avg@k); eval/accuracy_greedy is logged too",
     )
     checkpoint_every: int = Field(
         50, ge=0, description="optimizer steps between checkpoints; 0 = only at the end"

@@ -60,6 +60,11 @@ class Learner:
         self.policy_opt = torch.optim.AdamW(
             self.policy_params, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
         )
+        warm = cfg.learner.lr_warmup_steps
+        # Stepped once per policy update: update i (from 0) runs at lr * min(1, (i + 1) / warm).
+        self.policy_sched = torch.optim.lr_scheduler.LambdaLR(
+            self.policy_opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
+        )
         self.reset_critic_from_policy()
         self.version = 0  # policy version: number of policy optimizer steps taken
         self.steps = 0  # learner steps (critic warm-up steps included)
@@ -86,6 +91,8 @@ class Learner:
         self.policy.load_state_dict(state["policy"])
         self.critic.load_state_dict(state["critic"])
         self.policy_opt.load_state_dict(state["policy_opt"])
+        if "policy_sched" in state:
+            self.policy_sched.load_state_dict(state["policy_sched"])
         self.critic_opt.load_state_dict(state["critic_opt"])
         self.steps = state["step"]
         self.version = state["version"]
@@ -207,7 +214,9 @@ class Learner:
                     sums[k] = sums.get(k, 0.0) + v * w
         norm, ok = _grad_norm_and_step(self.policy_params, self.policy_opt, cfg.learner.grad_clip)
         self.skipped_steps += int(not ok)
+        sums["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
         if ok:
             self.version += 1
+            self.policy_sched.step()
         sums["policy/grad_norm"] = norm
         return sums

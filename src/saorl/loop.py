@@ -15,6 +15,7 @@ train): the baseline that asynchrony is measured against.
 from __future__ import annotations
 
 import json
+import math
 import random
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from saorl.envs.arithmetic import ArithmeticTask
 from saorl.learner import Learner
 from saorl.metrics import MetricsLogger, TrainProgress, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
+from saorl.models.tokenizer import encode_prompt
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import Admission, RolloutWorker
@@ -35,30 +37,43 @@ from saorl.sft import encode_demos, sft_step
 from saorl.types import Batch, Trajectory
 
 
-def evaluate(learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config) -> float:
-    """Greedy accuracy on the held-out problems, sampled from the learner's current policy."""
+def evaluate(
+    learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config
+) -> dict[str, float]:
+    """Held-out accuracy of the learner's current policy.
+
+    `eval/accuracy` is the mean reward over `run.eval_samples` samples per held-out problem at
+    the rollout temperature: the success rate of the policy RL optimises (the paper reports
+    avg@k the same way). `eval/accuracy_greedy` decodes each problem once, greedily.
+    """
     engine = HFEngine(
         learner.policy,
         tokenizer,
         max_seq_len=cfg.model.max_seq_len,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
         max_concurrent=max(cfg.rollout.max_concurrent, 256),
+        seed=cfg.run.seed + 12345,  # the same evaluation samples at every evaluation
         copy_model=False,
     )
     reqs = [
         GenerationRequest(
-            tokenizer.encode(p.prompt, add_special_tokens=False),
-            cfg.rollout.max_new_tokens,
-            greedy=True,
-            payload=p,
+            encode_prompt(tokenizer, p.prompt), cfg.rollout.max_new_tokens, greedy=g, payload=p
         )
+        for g, k in ((True, 1), (False, cfg.run.eval_samples))
         for p in task.held_out
+        for _ in range(k)
     ]
     outs = engine.generate(reqs)
     learner.policy.train()
-    return sum(
-        task.reward(c.request.payload, tokenizer.decode(c.token_ids, skip_special_tokens=True))
-        for c in outs
-    ) / len(outs)
+    scores: dict[bool, list[float]] = {True: [], False: []}
+    for c in outs:
+        text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        scores[c.request.greedy].append(task.reward(c.request.payload, text))
+    return {
+        "eval/accuracy": sum(scores[False]) / len(scores[False]),
+        "eval/accuracy_greedy": sum(scores[True]) / len(scores[True]),
+    }
 
 
 def supervised_warmup(
@@ -66,12 +81,18 @@ def supervised_warmup(
 ) -> None:
     lc = cfg.learner
     opt = torch.optim.AdamW(learner.policy.parameters(), lr=lc.sft_lr)
+    # Cosine decay to 10% of sft_lr: the warm-up ends at a settled point, not mid-oscillation,
+    # so the accuracy RL starts from does not hinge on where the last noisy step landed.
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / max(lc.sft_steps, 1)))
+    )
     rng = random.Random(cfg.run.seed + 1)
     bar = progress.phase("supervised warm-up", lc.sft_steps)
     for _ in range(lc.sft_steps):
         probs = [task.sample(rng) for _ in range(lc.sft_batch_size)]
         demos = encode_demos(tokenizer, [p.prompt for p in probs], [p.answer for p in probs])
         sft_step(learner.policy, opt, demos)
+        sched.step()
         bar.advance()
     # The critic starts from the policy it will judge (DESIGN.md: initialised from the policy).
     learner.reset_critic_from_policy()
@@ -84,12 +105,13 @@ def _collect(
     batch: list[Trajectory] = []
     dropped, waited = 0, 0.0
     while len(batch) < n:
+        t0 = time.perf_counter()
         if sync:
+            # Synchronous mode: the learner is idle for as long as generation runs.
             worker.fill()
             worker.step()
         if worker.error is not None:
             raise RuntimeError("rollout worker failed") from worker.error
-        t0 = time.perf_counter()
         try:
             traj = worker.out.get(timeout=0.0 if sync else 1.0)
         except Exception:  # queue.Empty: nothing finished yet
@@ -110,6 +132,7 @@ def _state(learner: Learner, worker_rng: random.Random, started: int, extra: dic
         "policy": learner.policy.state_dict(),
         "critic": learner.critic.state_dict(),
         "policy_opt": learner.policy_opt.state_dict(),
+        "policy_sched": learner.policy_sched.state_dict(),
         "critic_opt": learner.critic_opt.state_dict(),
         "skipped_steps": learner.skipped_steps,
         "torch_rng": torch.get_rng_state(),
@@ -142,7 +165,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
         torch.set_rng_state(state["torch_rng"])
         prompt_rng.setstate(state["prompt_rng"])
         started = state["data_position"]
-        extra = {"initial_eval_accuracy": state["initial_eval_accuracy"]}
+        extra = {k: v for k, v in state.items() if k.startswith("initial_eval")}
         truncate_metrics(run_dir / "metrics.jsonl", learner.steps)
     progress = TrainProgress(
         cfg.run.total_steps, enabled=cfg.run.progress, initial_step=learner.steps
@@ -151,8 +174,12 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
         if state is None:
             if cfg.learner.sft_steps:
                 supervised_warmup(learner, tokenizer, task, cfg, progress)
-            extra = {"initial_eval_accuracy": evaluate(learner, tokenizer, task, cfg)}
-            log.log({"step": 0, "eval/accuracy": extra["initial_eval_accuracy"]})
+            ev = evaluate(learner, tokenizer, task, cfg)
+            extra = {
+                "initial_eval_accuracy": ev["eval/accuracy"],
+                "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
+            }
+            log.log({"step": 0, **ev})
             save_checkpoint(run_dir, 0, _state(learner, prompt_rng, started, extra))
         t_start = time.perf_counter()
         summary = _rl_loop(cfg, learner, tokenizer, task, prompt_rng, started, extra, run_dir,
@@ -211,10 +238,13 @@ def _rl_loop(
             stale = [t.staleness(learner.version) for t in trajs]
             batch = Batch.from_trajectories(trajs, tokenizer.pad_token_id)
             version_before = learner.version
+            t_learn = time.perf_counter()
             metrics = learner.step(batch)
             if learner.version != version_before and learner.version % lc.push_every == 0:
                 engine.update_weights(learner.policy_state(), learner.version)
             now = time.perf_counter()
+            if sync:  # nothing generates while the learner trains
+                worker.idle_s += now - t_learn
             metrics.update({
                 "step": learner.steps,
                 "rollout/reward_mean": float(batch.scores.mean()),
@@ -223,6 +253,7 @@ def _rl_loop(
                 "async/staleness_max": max(stale),
                 "async/dropped_stale": dropped_total,
                 "perf/learner_idle_frac": waited_total / max(now - t0, 1e-9),
+                "perf/rollout_idle_frac": worker.idle_s / max(now - t0, 1e-9),
                 "perf/rollout_tokens_per_s": (engine.tokens_generated - tok0) / max(now - t0, 1e-9),
                 "perf/step_s": now - t_step,
                 "time/wall_s": now - t0,
@@ -230,7 +261,7 @@ def _rl_loop(
             ev = cfg.run.eval_every
             if learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0):
                 last_eval = evaluate(learner, tokenizer, task, cfg)
-                metrics["eval/accuracy"] = last_eval
+                metrics.update(last_eval)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
                 pos = base_position + worker.started
@@ -240,12 +271,14 @@ def _rl_loop(
     finally:
         worker.stop_thread()
     return {
-        "initial_eval_accuracy": extra["initial_eval_accuracy"],
-        "final_eval_accuracy": last_eval,
+        **extra,
+        "final_eval_accuracy": last_eval["eval/accuracy"] if last_eval else None,
+        "final_eval_accuracy_greedy": last_eval["eval/accuracy_greedy"] if last_eval else None,
         "steps": learner.steps,
         "policy_version": learner.version,
         "dropped_stale": dropped_total,
         "learner_idle_frac": waited_total / max(time.perf_counter() - t0, 1e-9),
+        "rollout_idle_frac": worker.idle_s / max(time.perf_counter() - t0, 1e-9),
     }
 
 

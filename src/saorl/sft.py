@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from saorl.models.logprobs import sequence_logprobs
+from saorl.models.tokenizer import encode_prompt
 
 
 def encode_demos(
@@ -19,7 +20,7 @@ def encode_demos(
     """Right-padded `(input_ids, attention_mask, target_mask)` for prompt + answer + EOS."""
     rows, masks = [], []
     for p, a in zip(prompts, answers, strict=True):
-        p_ids = tokenizer.encode(p, add_special_tokens=False)
+        p_ids = encode_prompt(tokenizer, p)
         a_ids = [*tokenizer.encode(a, add_special_tokens=False), tokenizer.eos_token_id]
         rows.append(p_ids + a_ids)
         masks.append([0] * len(p_ids) + [1] * len(a_ids))

@@ -30,3 +30,16 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         unk_token="<unk>",
         clean_up_tokenization_spaces=False,
     )
+
+
+def encode_prompt(tokenizer: object, text: str) -> list[int]:
+    """Token ids of a one-turn user prompt, ready for the model to continue.
+
+    Through the tokenizer's chat template (with the generation prompt) when it has one, as a
+    chat model expects; raw text otherwise (the built-in char tokenizer has no template).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    return list(tokenizer.encode(text, add_special_tokens=False))  # type: ignore[attr-defined]

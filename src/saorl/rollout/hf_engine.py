@@ -147,7 +147,9 @@ class HFEngine:
         greedy = torch.tensor([r.request.greedy for r in self._running], device=self.device)
         if greedy.any():
             g_ids = logits.argmax(-1)
-            g_logp = torch.log_softmax(logits, -1).gather(-1, g_ids[:, None]).squeeze(-1)
+            # Recorded log-probs are always of softmax(logits / T), greedy or not (DESIGN 1).
+            g_logp = torch.log_softmax(logits / self.temperature, -1)
+            g_logp = g_logp.gather(-1, g_ids[:, None]).squeeze(-1)
             next_ids = torch.where(greedy, g_ids, next_ids)
             next_logp = torch.where(greedy, g_logp, next_logp)
         ids_l, logp_l = next_ids.tolist(), next_logp.tolist()

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 from saorl.envs.arithmetic import ArithmeticTask, Problem
+from saorl.models.tokenizer import encode_prompt
 from saorl.rollout.engine import Completion, Engine, GenerationRequest
 from saorl.types import Trajectory
 
@@ -94,7 +95,7 @@ class RolloutWorker:
 
     def new_request(self) -> GenerationRequest:
         problem = self.task.sample(self.rng)
-        ids = self.tokenizer.encode(problem.prompt, add_special_tokens=False)
+        ids = encode_prompt(self.tokenizer, problem.prompt)
         self.started += 1
         return GenerationRequest(
             prompt_ids=ids,
