@@ -240,7 +240,7 @@ class LearnerConfig(_Section):
         "first steps move every weight by ~lr whatever the signal); paper: not stated",
     )
     sft_steps: int = Field(
-        300, ge=0, description="supervised warm-up steps on the built-in task before RL; 0 = none"
+        500, ge=0, description="supervised warm-up steps on the built-in task before RL; 0 = none"
     )
     sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the supervised warm-up")
     sft_batch_size: int = Field(64, ge=1, description="examples per supervised warm-up step")
@@ -266,10 +266,10 @@ class RunConfig(_Section):
     output_dir: str = Field("runs", description="directory holding run directories")
     seed: int = Field(0, description="global seed for torch, sampling and data order")
     total_steps: int = Field(
-        150, ge=1, description="policy optimizer steps, critic warm-up steps included"
+        1000, ge=1, description="policy optimizer steps, critic warm-up steps included"
     )
     eval_every: int = Field(
-        25, ge=0, description="optimizer steps between evaluations; 0 = only at start and end"
+        100, ge=0, description="optimizer steps between evaluations; 0 = only at start and end"
     )
     eval_samples: int = Field(
         4,
@@ -278,7 +278,7 @@ class RunConfig(_Section):
         "like the paper's avg@k); eval/accuracy_greedy is logged too",
     )
     checkpoint_every: int = Field(
-        50, ge=0, description="optimizer steps between checkpoints; 0 = only at the end"
+        200, ge=0, description="optimizer steps between checkpoints; 0 = only at the end"
     )
     concurrency: Literal["threads", "sync"] = Field(
         "threads",

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import math
+import queue
 import random
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +34,7 @@ from saorl.models.loading import load_policy, resolve_device, save_pretrained
 from saorl.models.tokenizer import encode_prompt
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
-from saorl.rollout.worker import Admission, RolloutWorker
+from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.sft import encode_demos, sft_step
 from saorl.types import Batch, Trajectory
 
@@ -99,22 +101,27 @@ def supervised_warmup(
 
 
 def _collect(
-    worker: RolloutWorker, learner: Learner, n: int, max_staleness: int, sync: bool
+    workers: list[RolloutWorker],
+    out: queue.Queue[Trajectory],
+    learner: Learner,
+    n: int,
+    max_staleness: int,
+    sync: bool,
 ) -> tuple[list[Trajectory], int, float]:
     """The first `n` finished, fresh-enough trajectories; returns them, drops, seconds waited."""
     batch: list[Trajectory] = []
     dropped, waited = 0, 0.0
     while len(batch) < n:
         t0 = time.perf_counter()
-        if sync:
-            # Synchronous mode: the learner is idle for as long as generation runs.
-            worker.fill()
-            worker.step()
-        if worker.error is not None:
-            raise RuntimeError("rollout worker failed") from worker.error
+        for w in workers:
+            if sync:  # synchronous mode: the learner is idle for as long as generation runs
+                w.fill()
+                w.step()
+            if w.error is not None:
+                raise RuntimeError(f"{w.name} failed: {w.error}") from w.error
         try:
-            traj = worker.out.get(timeout=0.0 if sync else 1.0)
-        except Exception:  # queue.Empty: nothing finished yet
+            traj = out.get(timeout=0.0 if sync else 1.0)
+        except queue.Empty:
             waited += time.perf_counter() - t0
             continue
         waited += time.perf_counter() - t0
@@ -125,7 +132,7 @@ def _collect(
     return batch, dropped, waited
 
 
-def _state(learner: Learner, worker_rng: random.Random, started: int, extra: dict) -> dict:
+def _state(learner: Learner, feed_state: dict[str, Any], extra: dict) -> dict:
     return {
         "step": learner.steps,
         "version": learner.version,
@@ -136,14 +143,33 @@ def _state(learner: Learner, worker_rng: random.Random, started: int, extra: dic
         "critic_opt": learner.critic_opt.state_dict(),
         "skipped_steps": learner.skipped_steps,
         "torch_rng": torch.get_rng_state(),
-        "prompt_rng": worker_rng.getstate(),
-        "data_position": started,
+        **feed_state,
         **extra,
     }
 
 
+def _fresh_run_dir(output_dir: Path, name: str) -> Path:
+    """`output_dir/name`, or `name-1`, `name-2`, ... if a run already lives there.
+
+    A new run never appends to another run's metrics or mixes its checkpoints with them
+    (resuming picks the newest checkpoint); continuing a run is what `--resume` is for.
+    """
+    run_dir = output_dir / name
+    i = 0
+    while (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
+        i += 1
+        run_dir = output_dir / f"{name}-{i}"
+    if i:
+        print(
+            f"saorl: {output_dir / name} holds an earlier run (continue it with --resume); "
+            f"this run writes to {run_dir}",
+            file=sys.stderr,
+        )
+    return run_dir
+
+
 def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
-    run_dir = Path(resume) if resume else Path(cfg.run.output_dir) / cfg.run.name
+    run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
@@ -180,7 +206,8 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
             }
             log.log({"step": 0, **ev})
-            save_checkpoint(run_dir, 0, _state(learner, prompt_rng, started, extra))
+            feed0 = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
+            save_checkpoint(run_dir, 0, _state(learner, feed0, extra))
         t_start = time.perf_counter()
         summary = _rl_loop(cfg, learner, tokenizer, task, prompt_rng, started, extra, run_dir,
                            log, progress)  # fmt: skip
@@ -205,34 +232,42 @@ def _rl_loop(
     progress: TrainProgress,
 ) -> dict[str, Any]:
     rc, lc, sync = cfg.rollout, cfg.learner, cfg.run.concurrency == "sync"
-    engine = HFEngine(
-        learner.policy,
-        tokenizer,
-        max_seq_len=cfg.model.max_seq_len,
-        temperature=rc.temperature,
-        top_p=rc.top_p,
-        max_concurrent=rc.max_concurrent,
-        seed=cfg.run.seed + learner.steps,
-        version=learner.version,
-    )
-    admission = Admission(lc.batch_size, lc.max_staleness, consumed=learner.steps)
-    worker = RolloutWorker(
-        engine, task, tokenizer, admission, max_new_tokens=rc.max_new_tokens,
-        max_concurrent=rc.max_concurrent, stop=rc.stop, rng=prompt_rng, started=started,
-    )  # fmt: skip
-    # Admission counts rollouts started since resume: rebase it on the current position.
-    worker.started = learner.steps * lc.batch_size
-    base_position = started - worker.started
+    engines = [
+        HFEngine(
+            learner.policy,
+            tokenizer,
+            max_seq_len=cfg.model.max_seq_len,
+            temperature=rc.temperature,
+            top_p=rc.top_p,
+            max_concurrent=rc.max_concurrent,
+            seed=cfg.run.seed + 1000 * i + learner.steps,
+            version=learner.version,
+        )
+        for i in range(rc.num_workers)
+    ]
+    # Synchronous mode admits exactly the batch being collected: nothing generates in the
+    # background, so every trajectory is sampled by the policy it trains.
+    lookahead = 0 if sync else lc.max_staleness
+    feed = PromptFeed(task, prompt_rng, lc.batch_size, lookahead, learner.steps, started)
+    out: queue.Queue[Trajectory] = queue.Queue()
+    workers = [
+        RolloutWorker(e, feed, tokenizer, out, max_new_tokens=rc.max_new_tokens,
+                      max_concurrent=rc.max_concurrent, stop=rc.stop, name=f"rollout-{i}")
+        for i, e in enumerate(engines)
+    ]  # fmt: skip
     if not sync:
-        worker.start()
+        for w in workers:
+            w.start()
     t0 = time.perf_counter()
-    waited_total, dropped_total, tok0, last_eval = 0.0, 0, engine.tokens_generated, None
+    waited_total, dropped_total, last_eval = 0.0, 0, None
+    metrics: dict[str, Any] = {}
+    tok0 = sum(e.tokens_generated for e in engines)
     try:
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
-            trajs, dropped, waited = _collect(worker, learner, lc.batch_size, lc.max_staleness,
-                                              sync)  # fmt: skip
-            admission.consume()
+            trajs, dropped, waited = _collect(workers, out, learner, lc.batch_size,
+                                              lc.max_staleness, sync)  # fmt: skip
+            feed.consume()
             waited_total += waited
             dropped_total += dropped
             stale = [t.staleness(learner.version) for t in trajs]
@@ -241,10 +276,15 @@ def _rl_loop(
             t_learn = time.perf_counter()
             metrics = learner.step(batch)
             if learner.version != version_before and learner.version % lc.push_every == 0:
-                engine.update_weights(learner.policy_state(), learner.version)
+                state = learner.policy_state()
+                for e in engines:
+                    e.update_weights(state, learner.version)
             now = time.perf_counter()
             if sync:  # nothing generates while the learner trains
-                worker.idle_s += now - t_learn
+                for w in workers:
+                    w.idle_s += now - t_learn
+            elapsed = max(now - t0, 1e-9)
+            rollout_idle = sum(w.idle_s for w in workers) / len(workers) / elapsed
             metrics.update({
                 "step": learner.steps,
                 "rollout/reward_mean": float(batch.scores.mean()),
@@ -252,9 +292,10 @@ def _rl_loop(
                 "async/staleness_mean": sum(stale) / len(stale),
                 "async/staleness_max": max(stale),
                 "async/dropped_stale": dropped_total,
-                "perf/learner_idle_frac": waited_total / max(now - t0, 1e-9),
-                "perf/rollout_idle_frac": worker.idle_s / max(now - t0, 1e-9),
-                "perf/rollout_tokens_per_s": (engine.tokens_generated - tok0) / max(now - t0, 1e-9),
+                "perf/learner_idle_frac": waited_total / elapsed,
+                "perf/rollout_idle_frac": rollout_idle,
+                "perf/rollout_tokens_per_s": (sum(e.tokens_generated for e in engines) - tok0)
+                / elapsed,
                 "perf/step_s": now - t_step,
                 "time/wall_s": now - t0,
             })  # fmt: skip
@@ -264,12 +305,12 @@ def _rl_loop(
                 metrics.update(last_eval)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
-                pos = base_position + worker.started
-                save_checkpoint(run_dir, learner.steps, _state(learner, prompt_rng, pos, extra))
+                save_checkpoint(run_dir, learner.steps, _state(learner, feed.state(), extra))
             log.log(metrics)
             progress.update(learner.steps, metrics)
     finally:
-        worker.stop_thread()
+        for w in workers:
+            w.stop_thread()
     return {
         **extra,
         "final_eval_accuracy": last_eval["eval/accuracy"] if last_eval else None,
@@ -277,8 +318,8 @@ def _rl_loop(
         "steps": learner.steps,
         "policy_version": learner.version,
         "dropped_stale": dropped_total,
-        "learner_idle_frac": waited_total / max(time.perf_counter() - t0, 1e-9),
-        "rollout_idle_frac": worker.idle_s / max(time.perf_counter() - t0, 1e-9),
+        "learner_idle_frac": metrics.get("perf/learner_idle_frac"),
+        "rollout_idle_frac": metrics.get("perf/rollout_idle_frac"),
     }
 
 

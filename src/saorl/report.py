@@ -31,7 +31,12 @@ class _Panel:
 
 _PANELS = (
     _Panel("reward (rollout/reward_mean)", ("rollout/reward_mean",), smooth=True),
-    _Panel("held-out accuracy (eval/accuracy)", ("eval/accuracy",), markers=True, unit_range=True),
+    _Panel(
+        "held-out accuracy",
+        ("eval/accuracy", "eval/accuracy_greedy"),
+        markers=True,
+        unit_range=True,
+    ),
     _Panel("policy loss", ("loss/policy",)),
     _Panel("value loss", ("loss/value",)),
     _Panel("value/explained_variance", ("value/explained_variance",)),

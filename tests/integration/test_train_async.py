@@ -66,3 +66,14 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
     assert (run_dir / "summary.json").exists()
     assert (run_dir / "report.png").stat().st_size > 0
     assert (run_dir / "final" / "config.json").exists()
+
+
+def test_second_run_with_the_same_name_gets_its_own_directory(tmp_path, capsys):
+    cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=1", "run.eval_every=0")
+    first = train_from_config(cfg)
+    second = train_from_config(cfg)
+    assert first["run_dir"] == str(tmp_path / "default")
+    assert second["run_dir"] == str(tmp_path / "default-1")
+    assert "--resume" in capsys.readouterr().err
+    for d in ("default", "default-1"):
+        assert len(_metrics(tmp_path / d)) == 2  # the initial evaluation and one step

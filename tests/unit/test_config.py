@@ -256,3 +256,9 @@ def test_sections_validate_alone() -> None:
     assert AlgorithmConfig(eps_low=0.8, eps_high=3.0).eps_high == 3.0
     with pytest.raises(ValueError, match="extra"):
         AlgorithmConfig(eps=0.2)  # type: ignore[call-arg]
+
+
+def test_example_config_lists_every_default():
+    # examples/sao.toml documents every field; it must stay loadable and equal to the defaults.
+    path = Path(__file__).resolve().parents[2] / "examples" / "sao.toml"
+    assert load_config(path) == Config()

@@ -27,22 +27,50 @@ from saorl.rollout.engine import Completion, Engine, GenerationRequest
 from saorl.types import Trajectory
 
 
-class Admission:
-    """Shared counter of consumed batches, with the admission rule above."""
+class PromptFeed:
+    """Training prompts for every worker, under the admission rule above; thread-safe.
 
-    def __init__(self, batch_size: int, max_staleness: int, consumed: int = 0) -> None:
+    `admitted` counts rollouts started under the rule (rebased to `consumed * batch_size` on
+    resume); `drawn` counts prompts taken from the task stream since the run began, the data
+    position a checkpoint records.
+    """
+
+    def __init__(
+        self,
+        task: ArithmeticTask,
+        rng: random.Random,
+        batch_size: int,
+        max_staleness: int,
+        consumed: int = 0,
+        drawn: int = 0,
+    ) -> None:
+        self.task = task
+        self.rng = rng
         self.batch_size = batch_size
         self.max_staleness = max_staleness
         self.consumed = consumed
+        self.admitted = consumed * batch_size
+        self.drawn = drawn
         self.cond = threading.Condition()
 
-    def allows(self, started: int) -> bool:
-        return started < (self.consumed + max(self.max_staleness, 1)) * self.batch_size
+    def next(self) -> Problem | None:
+        """A fresh training problem, or None while admission control says wait."""
+        with self.cond:
+            if self.admitted >= (self.consumed + max(self.max_staleness, 1)) * self.batch_size:
+                return None
+            self.admitted += 1
+            self.drawn += 1
+            return self.task.sample(self.rng)
 
     def consume(self) -> None:
+        """The learner took a batch: admit the next one."""
         with self.cond:
             self.consumed += 1
             self.cond.notify_all()
+
+    def state(self) -> dict[str, Any]:
+        with self.cond:
+            return {"prompt_rng": self.rng.getstate(), "data_position": self.drawn}
 
 
 def completion_to_trajectory(c: Completion, tokenizer: Any, task: ArithmeticTask) -> Trajectory:
@@ -63,65 +91,64 @@ def completion_to_trajectory(c: Completion, tokenizer: Any, task: ArithmeticTask
 
 
 class RolloutWorker:
-    """Generates single rollouts for fresh training prompts; thread-safe to run in a thread."""
+    """Keeps one engine full of single rollouts from a shared `PromptFeed`.
+
+    Several workers (one engine each) may share a feed and an output queue.
+    """
 
     def __init__(
         self,
         engine: Engine,
-        task: ArithmeticTask,
+        feed: PromptFeed,
         tokenizer: Any,
-        admission: Admission,
+        out: queue.Queue[Trajectory],
         *,
         max_new_tokens: int,
         max_concurrent: int,
         stop: list[str] | None = None,
-        rng: random.Random | None = None,
-        started: int = 0,
+        name: str = "rollout-worker",
     ) -> None:
         self.engine = engine
-        self.task = task
+        self.feed = feed
         self.tokenizer = tokenizer
-        self.admission = admission
+        self.out = out
         self.max_new_tokens = max_new_tokens
         self.max_concurrent = max_concurrent
         self.stop = stop or []
-        self.rng = rng or random.Random(0)
-        self.started = started  # data position: prompts drawn so far
-        self.out: queue.Queue[Trajectory] = queue.Queue()
+        self.name = name
         self.idle_s = 0.0
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-
-    def new_request(self) -> GenerationRequest:
-        problem = self.task.sample(self.rng)
-        ids = encode_prompt(self.tokenizer, problem.prompt)
-        self.started += 1
-        return GenerationRequest(
-            prompt_ids=ids,
-            max_new_tokens=self.max_new_tokens,
-            request_id=self.started,
-            stop=self.stop,
-            payload=problem,
-        )
+        self._requests = 0
 
     def fill(self) -> None:
         """Start as many new rollouts as the engine has room for and admission allows."""
-        while self.engine.num_unfinished() < self.max_concurrent and self.admission.allows(
-            self.started
-        ):
-            self.engine.add_request(self.new_request())
+        while self.engine.num_unfinished() < self.max_concurrent:
+            problem = self.feed.next()
+            if problem is None:
+                return
+            self._requests += 1
+            self.engine.add_request(
+                GenerationRequest(
+                    prompt_ids=encode_prompt(self.tokenizer, problem.prompt),
+                    max_new_tokens=self.max_new_tokens,
+                    request_id=self._requests,
+                    stop=self.stop,
+                    payload=problem,
+                )
+            )
 
     def step(self) -> int:
         """One decoding step; finished trajectories go to `out`. Returns how many finished."""
         done = self.engine.step()
         for c in done:
-            self.out.put(completion_to_trajectory(c, self.tokenizer, self.task))
+            self.out.put(completion_to_trajectory(c, self.tokenizer, self.feed.task))
         return len(done)
 
     # -- background thread ------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="rollout-worker", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
@@ -131,8 +158,8 @@ class RolloutWorker:
                 if self.engine.num_unfinished() == 0:
                     # Admission says wait: sleep until the learner consumes a batch.
                     t0 = time.perf_counter()
-                    with self.admission.cond:
-                        self.admission.cond.wait(timeout=0.05)
+                    with self.feed.cond:
+                        self.feed.cond.wait(timeout=0.05)
                     self.idle_s += time.perf_counter() - t0
                     continue
                 self.step()
@@ -141,7 +168,7 @@ class RolloutWorker:
 
     def stop_thread(self) -> None:
         self._stop.set()
-        with self.admission.cond:
-            self.admission.cond.notify_all()
+        with self.feed.cond:
+            self.feed.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
