@@ -162,7 +162,11 @@ class Learner:
 
         warmup = self.steps < cfg.critic.warmup_steps
         metrics["learner/warmup"] = float(warmup)
-        if not warmup:
+        if warmup:
+            # No policy update yet: the policy keys are logged as null so every row of
+            # metrics.jsonl has the same columns.
+            metrics.update({"loss/policy": None, "dis/masked_frac": None})
+        else:
             metrics.update(self._policy_step(b, advantages))
         self.steps += 1
         metrics["learner/version"] = self.version

@@ -27,14 +27,15 @@ import torch
 
 from saorl.checkpoint import load_latest_checkpoint, save_checkpoint
 from saorl.config import Config, ConfigError, config_to_toml
-from saorl.envs.arithmetic import ArithmeticTask
+from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 from saorl.learner import Learner
 from saorl.metrics import MetricsLogger, TrainProgress, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
 from saorl.models.tokenizer import encode_prompt
+from saorl.rollout.agent import UNTRAINABLE
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
-from saorl.rollout.worker import PromptFeed, RolloutWorker
+from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 from saorl.sft import encode_demos, sft_step
 from saorl.types import Batch, Trajectory
 
@@ -102,6 +103,7 @@ def supervised_warmup(
 
 def _collect(
     workers: list[RolloutWorker],
+    feed: PromptFeed,
     out: queue.Queue[Trajectory],
     learner: Learner,
     n: int,
@@ -125,8 +127,12 @@ def _collect(
             waited += time.perf_counter() - t0
             continue
         waited += time.perf_counter() - t0
+        if traj.stop_reason in UNTRAINABLE:
+            feed.release()  # infrastructure failure: says nothing about the policy; replace it
+            continue
         if traj.staleness(learner.version) > max_staleness:
             dropped += 1  # the safety net behind admission control: never train on it
+            feed.release()
             continue
         batch.append(traj)
     return batch, dropped, waited
@@ -250,11 +256,11 @@ def _rl_loop(
     lookahead = 0 if sync else lc.max_staleness
     feed = PromptFeed(task, prompt_rng, lc.batch_size, lookahead, learner.steps, started)
     out: queue.Queue[Trajectory] = queue.Queue()
+    limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, stop=tuple(rc.stop))
     workers = [
-        RolloutWorker(e, feed, tokenizer, out, max_new_tokens=rc.max_new_tokens,
-                      max_concurrent=rc.max_concurrent, stop=rc.stop, name=f"rollout-{i}")
+        RolloutWorker(e, feed, tokenizer, out, ArithmeticEnv, limits, name=f"rollout-{i}")
         for i, e in enumerate(engines)
-    ]  # fmt: skip
+    ]
     if not sync:
         for w in workers:
             w.start()
@@ -265,7 +271,7 @@ def _rl_loop(
     try:
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
-            trajs, dropped, waited = _collect(workers, out, learner, lc.batch_size,
+            trajs, dropped, waited = _collect(workers, feed, out, learner, lc.batch_size,
                                               lc.max_staleness, sync)  # fmt: skip
             feed.consume()
             waited_total += waited

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 
 import pytest
 import torch
@@ -12,6 +13,10 @@ from saorl.checkpoint import list_checkpoints
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.loop import train_from_config
 from tests.conftest import tiny_config
+
+# A random-init model rarely emits EOS, and a turn cut off by its token budget gets reward 0
+# without being graded. Stop strings covering most characters end turns early instead.
+STOP_ON_MOST_CHARS = "rollout.stop=" + str(list(string.ascii_letters + string.digits))
 
 
 @pytest.fixture
@@ -33,6 +38,7 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
         "run.checkpoint_every=0",
         "learner.max_staleness=1",
         f"run.concurrency={concurrency}",
+        STOP_ON_MOST_CHARS,
     )
     summary = train_from_config(cfg)
     run_dir = tmp_path / "default"
@@ -60,7 +66,11 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
     for r in steps:
         assert r["async/staleness_max"] <= 1
         for k, v in r.items():
-            assert v is None or math.isfinite(v), k
+            # Only the critic warm-up step may leave the policy keys empty (null).
+            if v is None:
+                assert r["learner/warmup"] == 1.0 and k in ("loss/policy", "dis/masked_frac"), k
+            else:
+                assert math.isfinite(v), k
     for key in ("loss/policy", "dis/masked_frac", "value/explained_variance"):
         assert key in steps[-1]
     assert (run_dir / "summary.json").exists()

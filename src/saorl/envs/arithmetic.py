@@ -11,6 +11,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from saorl.envs.base import Message, StepResult
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -52,3 +54,20 @@ class ArithmeticTask:
     def reward(problem: Problem, completion_text: str) -> float:
         """1.0 when the completion (up to EOS, surrounding spaces ignored) is exactly the sum."""
         return 1.0 if completion_text.strip() == problem.answer else 0.0
+
+
+class ArithmeticEnv:
+    """Single-turn environment over `ArithmeticTask`: one answer, graded, done."""
+
+    offload = False  # grading a sum is cheap: run inline, keeping runs deterministic
+
+    def __init__(self) -> None:
+        self.problem: Problem | None = None
+
+    async def reset(self, task: Problem) -> list[Message]:
+        self.problem = task
+        return [{"role": "user", "content": task.prompt}]
+
+    async def step(self, action_text: str) -> StepResult:
+        assert self.problem is not None, "step() before reset()"
+        return StepResult(reward=ArithmeticTask.reward(self.problem, action_text), done=True)

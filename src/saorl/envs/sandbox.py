@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import os
 import resource
 import shutil
@@ -384,7 +385,9 @@ def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
         (resource.RLIMIT_CORE, 0, 0),
     ]
     out = []
-    for res, soft, hard in wanted:
+    for res, soft_f, hard_f in wanted:
+        # setrlimit takes integers only; a float limit (cpu_s=2.5) rounds up.
+        soft, hard = math.ceil(soft_f), math.ceil(hard_f)
         cur_hard = resource.getrlimit(res)[1]
         if cur_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, cur_hard), min(hard, cur_hard)

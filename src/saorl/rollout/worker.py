@@ -1,8 +1,14 @@
-"""Rollout worker: keeps an engine busy with single rollouts of fresh prompts.
+"""Rollout worker: keeps an engine busy with episodes of fresh prompts.
 
 The worker fills the engine up to `max_concurrent` running sequences, runs decoding steps, and
-turns each finished completion into a scored `Trajectory` on the output queue. It never waits
-for a group: a trajectory is ready for the learner the moment its own sequence finishes.
+drives each episode (`saorl.rollout.agent`): a finished model turn goes to the environment; the
+environment either ends the episode (a scored `Trajectory` goes to the output queue) or answers
+with observations, which are appended before the next turn is queued on the same engine. It never
+waits for a group: a trajectory is ready for the learner the moment its own episode ends.
+
+Environment steps that do real work (a sandboxed tool call) run on an event loop in a helper
+thread so decoding goes on meanwhile; cheap ones (`env.offload = False`, e.g. grading a sum)
+run inline, which keeps single-turn runs deterministic.
 
 Admission control (DESIGN.md section 2): the i-th rollout (counting from 0) may start only
 while `i < (consumed + max(max_staleness, 1)) * batch_size`, where `consumed` is the number of
@@ -15,20 +21,26 @@ checks staleness and drops what exceeds it.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import queue
 import random
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from saorl.envs.arithmetic import ArithmeticTask, Problem
-from saorl.models.tokenizer import encode_prompt
+from saorl.envs.base import Env, StepResult
+from saorl.rollout.agent import ChatCodec, Episode
 from saorl.rollout.engine import Completion, Engine, GenerationRequest
 from saorl.types import Trajectory
 
 
 class PromptFeed:
-    """Training prompts for every worker, under the admission rule above; thread-safe.
+    """Training tasks (anything with a `key`, e.g. a `Problem`) for every worker; thread-safe.
+
+    Hands them out under the admission rule above.
 
     `admitted` counts rollouts started under the rule (rebased to `consumed * batch_size` on
     resume); `drawn` counts prompts taken from the task stream since the run began, the data
@@ -37,7 +49,7 @@ class PromptFeed:
 
     def __init__(
         self,
-        task: ArithmeticTask,
+        task: Any,
         rng: random.Random,
         batch_size: int,
         max_staleness: int,
@@ -53,7 +65,7 @@ class PromptFeed:
         self.drawn = drawn
         self.cond = threading.Condition()
 
-    def next(self) -> Problem | None:
+    def next(self) -> Any | None:
         """A fresh training problem, or None while admission control says wait."""
         with self.cond:
             if self.admitted >= (self.consumed + max(self.max_staleness, 1)) * self.batch_size:
@@ -61,6 +73,12 @@ class PromptFeed:
             self.admitted += 1
             self.drawn += 1
             return self.task.sample(self.rng)
+
+    def release(self) -> None:
+        """A started rollout will not be trained (dropped, failed): admit a replacement."""
+        with self.cond:
+            self.admitted -= 1
+            self.cond.notify_all()
 
     def consume(self) -> None:
         """The learner took a batch: admit the next one."""
@@ -73,27 +91,22 @@ class PromptFeed:
             return {"prompt_rng": self.rng.getstate(), "data_position": self.drawn}
 
 
-def completion_to_trajectory(c: Completion, tokenizer: Any, task: ArithmeticTask) -> Trajectory:
-    problem: Problem = c.request.payload
-    text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
-    reward = task.reward(problem, text) if c.finish_reason != "aborted" else 0.0
-    return Trajectory(
-        prompt_ids=list(c.request.prompt_ids),
-        completion_ids=list(c.token_ids),
-        loss_mask=[1] * len(c.token_ids),
-        rollout_logprobs=list(c.logprobs),
-        versions=list(c.versions),
-        reward=reward,
-        stop_reason=c.finish_reason,
-        prompt_key=problem.key,
-        info={"text": text},
-    )
+@dataclass
+class AgentLimits:
+    """Per-episode budgets (tokens are counted on the whole sequence, prompt included)."""
+
+    max_seq_len: int
+    max_new_tokens: int  # per model turn
+    max_turns: int = 1
+    max_tool_calls: int = 0
+    stop: tuple[str, ...] = ()
 
 
 class RolloutWorker:
-    """Keeps one engine full of single rollouts from a shared `PromptFeed`.
+    """Keeps one engine full of episodes from a shared `PromptFeed`.
 
-    Several workers (one engine each) may share a feed and an output queue.
+    Several workers (one engine each) may share a feed and an output queue. `make_env` builds
+    a fresh environment for each episode.
     """
 
     def __init__(
@@ -102,49 +115,143 @@ class RolloutWorker:
         feed: PromptFeed,
         tokenizer: Any,
         out: queue.Queue[Trajectory],
+        make_env: Callable[[], Env],
+        limits: AgentLimits,
         *,
-        max_new_tokens: int,
-        max_concurrent: int,
-        stop: list[str] | None = None,
         name: str = "rollout-worker",
     ) -> None:
         self.engine = engine
         self.feed = feed
         self.tokenizer = tokenizer
+        self.codec = ChatCodec(tokenizer)
         self.out = out
-        self.max_new_tokens = max_new_tokens
-        self.max_concurrent = max_concurrent
-        self.stop = stop or []
+        self.make_env = make_env
+        self.limits = limits
         self.name = name
         self.idle_s = 0.0
         self.error: BaseException | None = None
+        self.active = 0  # episodes started and not yet finished
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._requests = 0
+        self._inline_loop = asyncio.new_event_loop()
+        self._bg_loop: asyncio.AbstractEventLoop | None = None
+        self._pending: list[tuple[Episode, Completion, concurrent.futures.Future]] = []
 
-    def fill(self) -> None:
-        """Start as many new rollouts as the engine has room for and admission allows."""
-        while self.engine.num_unfinished() < self.max_concurrent:
-            problem = self.feed.next()
-            if problem is None:
-                return
-            self._requests += 1
-            self.engine.add_request(
-                GenerationRequest(
-                    prompt_ids=encode_prompt(self.tokenizer, problem.prompt),
-                    max_new_tokens=self.max_new_tokens,
-                    request_id=self._requests,
-                    stop=self.stop,
-                    payload=problem,
-                )
+    # -- episodes ----------------------------------------------------------------------------
+    def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
+        if not getattr(env, "offload", True):
+            fut: concurrent.futures.Future = concurrent.futures.Future()
+            try:
+                fut.set_result(self._inline_loop.run_until_complete(coro))
+            except Exception as e:  # the environment's failure ends that episode, not the run
+                fut.set_exception(e)
+            return fut
+        if self._bg_loop is None:
+            self._bg_loop = asyncio.new_event_loop()
+            threading.Thread(
+                target=self._bg_loop.run_forever, name=f"{self.name}-env", daemon=True
+            ).start()
+        return asyncio.run_coroutine_threadsafe(coro, self._bg_loop)
+
+    def _submit(self, ep: Episode) -> None:
+        room = self.limits.max_seq_len - len(ep.ids)
+        self._requests += 1
+        self.engine.add_request(
+            GenerationRequest(
+                prompt_ids=ep.ids,
+                max_new_tokens=min(self.limits.max_new_tokens, room),
+                request_id=self._requests,
+                stop=list(self.limits.stop),
+                payload=ep,
             )
+        )
+
+    def _start_episode(self, task: Any) -> None:
+        env = self.make_env()
+        self.active += 1
+        try:
+            messages = self._env_call(env, env.reset(task)).result()
+        except Exception as e:
+            ep = Episode(env, task, [], [], info={"error": f"reset: {type(e).__name__}: {e}"})
+            return self._emit(ep, "env_error")
+        ep = Episode(env, task, list(messages), self.codec.prompt_ids(messages))
+        if len(ep.prompt_ids) >= self.limits.max_seq_len:
+            ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
+            return self._emit(ep, "context")
+        self._submit(ep)
+
+    def _emit(self, ep: Episode, reason: str) -> None:
+        self.active -= 1
+        self.out.put(ep.finish(reason, key=getattr(ep.task, "key", "")))
+
+    def _on_turn(self, c: Completion) -> None:
+        ep: Episode = c.request.payload
+        ep.add_turn(list(c.token_ids), list(c.logprobs), list(c.versions))
+        if c.finish_reason == "aborted":
+            return self._emit(ep, "aborted")
+        if c.finish_reason == "length":
+            full = len(ep.ids) >= self.limits.max_seq_len
+            return self._emit(ep, "context" if full else "length")
+        text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        ep.conversation.append({"role": "assistant", "content": text})
+        self._pending.append((ep, c, self._env_call(ep.env, ep.env.step(text))))
+
+    def _on_env_result(self, ep: Episode, c: Completion, result: StepResult) -> None:
+        ep.reward += result.reward
+        ep.info.update(result.info)
+        ep.tool_calls += int(bool(result.info.get("tool_call")))
+        if result.done:
+            return self._emit(ep, "answer")
+        if ep.turns >= self.limits.max_turns:
+            return self._emit(ep, "max_turns")
+        if ep.tool_calls > self.limits.max_tool_calls:
+            return self._emit(ep, "max_tool_calls")
+        obs = self.codec.observation_ids(ep.conversation, list(c.token_ids), result.observations)
+        # Room for the observation and at least one model token, or the episode ends here.
+        if len(ep.ids) + len(obs) + 1 > self.limits.max_seq_len:
+            return self._emit(ep, "context")
+        ep.add_observation(obs)
+        ep.conversation.extend(result.observations)
+        self._submit(ep)
+
+    def _drain_env_results(self) -> None:
+        still = []
+        for ep, c, fut in self._pending:
+            if not fut.done():
+                still.append((ep, c, fut))
+                continue
+            try:
+                result = fut.result()
+            except Exception as e:
+                ep.info["error"] = f"step: {type(e).__name__}: {e}"
+                self._emit(ep, "env_error")
+                continue
+            self._on_env_result(ep, c, result)
+        self._pending = still
+
+    # -- driving the engine -------------------------------------------------------------------
+    def fill(self) -> None:
+        """Start as many new episodes as the engine has room for and admission allows."""
+        while self.active < self.limits_concurrency():
+            task = self.feed.next()
+            if task is None:
+                return
+            self._start_episode(task)
+
+    def limits_concurrency(self) -> int:
+        return getattr(self.engine, "max_concurrent", 64)
 
     def step(self) -> int:
-        """One decoding step; finished trajectories go to `out`. Returns how many finished."""
-        done = self.engine.step()
+        """One decoding step and any finished environment steps; returns turns finished."""
+        done = self.engine.step() if self.engine.num_unfinished() else []
         for c in done:
-            self.out.put(completion_to_trajectory(c, self.tokenizer, self.feed.task))
+            self._on_turn(c)
+        self._drain_env_results()
         return len(done)
+
+    def busy(self) -> bool:
+        return self.engine.num_unfinished() > 0 or bool(self._pending)
 
     # -- background thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -155,13 +262,15 @@ class RolloutWorker:
         try:
             while not self._stop.is_set():
                 self.fill()
-                if self.engine.num_unfinished() == 0:
+                if not self.busy():
                     # Admission says wait: sleep until the learner consumes a batch.
                     t0 = time.perf_counter()
                     with self.feed.cond:
                         self.feed.cond.wait(timeout=0.05)
                     self.idle_s += time.perf_counter() - t0
                     continue
+                if self.engine.num_unfinished() == 0:
+                    time.sleep(0.001)  # only environment steps in flight
                 self.step()
         except BaseException as e:  # surfaced to the learner thread, which re-raises
             self.error = e
@@ -172,3 +281,5 @@ class RolloutWorker:
             self.feed.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self._bg_loop is not None:
+            self._bg_loop.call_soon_threadsafe(self._bg_loop.stop)

@@ -1,0 +1,84 @@
+"""Math with a Python tool: the model may run code in the sandbox before it answers.
+
+One episode: the problem (with tool instructions) -> model turns; a turn that ends in a tool
+call gets the sandboxed output back as an observation; a turn without a call is the answer,
+graded 1/0 on its last `\\boxed{}` (`saorl.envs.math_grader`). Malformed calls and calls to
+unknown tools come back as error observations the model can read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from saorl.envs.base import Message, StepResult
+from saorl.envs.sandbox import Limits, run_python
+from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call
+
+CODE_INSTRUCTIONS = (
+    "Solve the problem. You may run Python code by writing <python>code</python>; the printed "
+    "output comes back in <output></output>. Put the final answer in \\boxed{}.\n\n"
+)
+HERMES_INSTRUCTIONS = (
+    "Solve the problem. You may call the tool `python` with "
+    '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>; the printed '
+    "output comes back to you. Put the final answer in \\boxed{}.\n\n"
+)
+
+
+def _default_grader(response: str, reference: str) -> float:
+    from saorl.envs.math_grader import grade
+
+    return grade(response, reference)
+
+
+class MathToolEnv:
+    """Tool-integrated math reasoning over problems with `.prompt` and `.answer` fields."""
+
+    offload = True  # sandbox calls take tens of milliseconds: keep decoding meanwhile
+
+    def __init__(
+        self,
+        fmt: ToolFormat = "code",
+        limits: Limits | None = None,
+        max_output_chars: int = 1000,
+        grader: Callable[[str, str], float] = _default_grader,
+        observation_role: str = "tool",
+    ) -> None:
+        self.fmt = fmt
+        self.limits = limits or Limits(wall_s=5.0, cpu_s=5)
+        self.max_output_chars = max_output_chars
+        self.grader = grader
+        self.observation_role = observation_role
+        self.task: Any = None
+
+    async def reset(self, task: Any) -> list[Message]:
+        self.task = task
+        instructions = CODE_INSTRUCTIONS if self.fmt == "code" else HERMES_INSTRUCTIONS
+        return [{"role": "user", "content": instructions + task.prompt}]
+
+    def _observe(self, text: str, **info: Any) -> StepResult:
+        if self.fmt == "code":
+            text = f"\n<output>\n{text}\n</output>\n"
+        return StepResult(
+            [{"role": self.observation_role, "content": text}], info={"tool_call": True, **info}
+        )
+
+    async def step(self, action_text: str) -> StepResult:
+        call = parse_tool_call(action_text, self.fmt)
+        if call is None:
+            reward = await asyncio.to_thread(self.grader, action_text, self.task.answer)
+            return StepResult(reward=reward, done=True, info={"answer_text": action_text[-200:]})
+        if isinstance(call, ToolCallError):
+            return self._observe(f"error: {call.message}", tool_status="malformed")
+        if call.name != "python" or not isinstance(call.arguments.get("code"), str):
+            return self._observe(
+                f"error: unknown tool {call.name!r} or missing 'code'; the only tool is "
+                "python(code: str)",
+                tool_status="unknown_tool",
+            )
+        result = await asyncio.to_thread(run_python, call.arguments["code"], self.limits)
+        return self._observe(
+            result.to_observation(self.max_output_chars), tool_status=result.status
+        )

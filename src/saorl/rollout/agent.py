@@ -1,0 +1,125 @@
+"""The agent loop's bookkeeping: one multi-turn episode, token in, token out.
+
+The engine's token ids are the training ids: the history is never re-tokenized. Model turns are
+appended exactly as sampled (loss mask 1, their rollout log-probs and policy versions);
+environment observations are tokenized here (mask 0, log-prob 0, version -1) so that the
+concatenation equals what the chat template produces for the whole conversation:
+
+    observation ids = encode(render(conversation + observations, generation prompt)
+                             [len(render(conversation so far) + generated text):])
+
+With no chat template (the built-in char-level tasks) messages are plain text: the prompt is the
+concatenation of the opening contents and an observation is its content, appended as is.
+
+Ending rules (DESIGN.md section 1 and the agentic issue): the trajectory never ends on
+observation tokens; it ends with `answer` (the environment said done), `max_turns`,
+`max_tool_calls`, `length` (a turn used its whole token budget without finishing), `context`
+(the next observation or turn would not fit), `env_error` or `aborted`. Only `aborted` and
+`env_error` trajectories are not trained on (an infrastructure failure says nothing about the
+policy); aborted ones are retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from saorl.envs.base import Env, Message
+from saorl.types import Trajectory
+
+UNTRAINABLE = ("aborted", "env_error")
+
+
+class ChatCodec:
+    """Turns messages into token ids for one tokenizer, consistently across turns."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tok = tokenizer
+        self.templated = bool(getattr(tokenizer, "chat_template", None))
+
+    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+        return self.tok.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False
+        )
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=False))
+
+    def prompt_ids(self, messages: list[Message]) -> list[int]:
+        if self.templated:
+            return self._encode(self._render(messages, True))
+        return self._encode("".join(m["content"] for m in messages))
+
+    def observation_ids(
+        self, conversation: list[Message], generated_ids: list[int], observations: list[Message]
+    ) -> list[int]:
+        """Ids that follow the model's last turn: the observations and the next turn's header.
+
+        `conversation` ends with the assistant message of the last turn (its text without
+        special tokens); `generated_ids` are that turn's sampled ids.
+        """
+        if not self.templated:
+            return self._encode("".join(m["content"] for m in observations))
+        before = self._render(conversation[:-1], True)
+        prefix = before + self.tok.decode(generated_ids, skip_special_tokens=False)
+        full = self._render(conversation + observations, True)
+        if full.startswith(prefix):
+            return self._encode(full[len(prefix) :])
+        # The template rewrites history (e.g. drops reasoning of earlier turns) or closes the
+        # turn differently from what was generated: render the observations after a
+        # placeholder turn instead. The ids then match how the template formats a new turn.
+        stub = [{"role": "user", "content": "x"}]
+        head = self._render(stub, False)
+        return self._encode(self._render(stub + observations, True)[len(head) :])
+
+
+@dataclass
+class Episode:
+    """One trajectory in progress."""
+
+    env: Env
+    task: Any
+    conversation: list[Message]
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turns: int = 0
+    tool_calls: int = 0
+    reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.completion_ids
+
+    def add_turn(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+        self.completion_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+        self.versions += versions
+        self.turns += 1
+
+    def add_observation(self, ids: list[int]) -> None:
+        self.completion_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)
+        self.versions += [-1] * len(ids)
+
+    def finish(self, stop_reason: str, key: str = "") -> Trajectory:
+        # Drop trailing observation tokens: a trajectory never ends on them.
+        n = len(self.loss_mask)
+        while n and not self.loss_mask[n - 1]:
+            n -= 1
+        return Trajectory(
+            prompt_ids=self.prompt_ids,
+            completion_ids=self.completion_ids[:n],
+            loss_mask=self.loss_mask[:n],
+            rollout_logprobs=self.logprobs[:n],
+            versions=self.versions[:n],
+            reward=self.reward,
+            stop_reason=stop_reason,  # type: ignore[arg-type]
+            prompt_key=key,
+            info={**self.info, "turns": self.turns, "tool_calls": self.tool_calls},
+        )

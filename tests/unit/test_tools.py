@@ -1,0 +1,56 @@
+"""Tool-call parsing: well-formed calls, answers without calls, and readable errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from saorl.rollout.tools import ToolCall, ToolCallError, parse_tool_call, stop_strings
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("let me compute <python>\nprint(2**10)\n</python>",
+         ToolCall("python", {"code": "print(2**10)"})),
+        ("<python>a=1</python> then <python>print(a)</python>",
+         ToolCall("python", {"code": "print(a)"})),
+        ("the answer is \\boxed{4}", None),
+        ("<python>print(1)",
+         ToolCallError("unterminated <python> block: close it with </python>")),
+    ],
+)  # fmt: skip
+def test_code_format(text, expected):
+    assert parse_tool_call(text, "code") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
+         ToolCall("python", {"code": "print(1)"})),
+        ('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"x\\"}"}</tool_call>',
+         ToolCall("python", {"code": "x"})),
+        ("no call here", None),
+    ],
+)  # fmt: skip
+def test_hermes_format(text, expected):
+    assert parse_tool_call(text, "hermes") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("<tool_call>{not json}</tool_call>", "not valid JSON"),
+        ('<tool_call>{"arguments": {}}</tool_call>', '"name"'),
+        ('<tool_call>{"name": "python", "arguments": [1]}</tool_call>', "JSON object"),
+        ('<tool_call>{"name": "python"', "unterminated"),
+    ],
+)
+def test_malformed_hermes_calls_become_readable_errors(text, fragment):
+    result = parse_tool_call(text, "hermes")
+    assert isinstance(result, ToolCallError) and fragment in result.message
+
+
+def test_stop_strings():
+    assert stop_strings("code") == ["</python>"]
+    assert stop_strings("hermes") == ["</tool_call>"]
