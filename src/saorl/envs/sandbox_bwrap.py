@@ -103,11 +103,13 @@ def bwrap_argv(
             args += ["--ro-bind", top, top]
     for path in ETC_FILES:
         args += ["--ro-bind-try", path, path]
-    for src, dest in python_mounts():
-        args += ["--ro-bind", src, dest]
     args += ["--proc", "/proc", "--dev", "/dev"]
     size = ["--size", str(tmpfs_bytes)] if version >= (0, 10) else []
     args += [*size, "--tmpfs", "/tmp", *size, "--tmpfs", "/dev/shm"]
+    # After the private /tmp: an interpreter or venv that lives under /tmp (a CI checkout, say)
+    # must be bound on top of it, not hidden by it.
+    for src, dest in python_mounts():
+        args += ["--ro-bind", src, dest]
     if host_dir is not None:
         args += ["--bind", str(host_dir), SANDBOX_WORKDIR]
     else:
