@@ -73,7 +73,40 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/NAME)")
+    _add_eval_parser(commands)
     return parser
+
+
+def _add_eval_parser(commands: Any) -> None:
+    ev = commands.add_parser(
+        "eval",
+        help="evaluate a model or run on a dataset: pass@1 (avg over k samples) and pass@k",
+        description="Evaluate MODEL (a run directory, a Hugging Face model directory, "
+        "'builtin:tiny', or with --base-url a served model's name) on a dataset. Writes one "
+        "JSON line per problem to --out and a summary to OUT.summary.json.",
+        allow_abbrev=False,
+    )
+    ev.add_argument("model", metavar="MODEL")
+    ev.add_argument("--env", default="math", choices=["math", "arithmetic", "tool_arithmetic"])
+    ev.add_argument("--dataset", default="aime25", help="preset name or .jsonl/.parquet path")
+    ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
+    ev.add_argument("--no-tool", action="store_true", help="math without the Python tool")
+    ev.add_argument("--tool-format", default="code", choices=["code", "hermes"])
+    ev.add_argument("--temperature", type=float, default=1.0)
+    ev.add_argument("--top-p", type=float, default=1.0)
+    ev.add_argument("--max-new-tokens", type=int, default=1024, help="per model turn")
+    ev.add_argument("--max-seq-len", type=int, default=4096, help="whole episode, in tokens")
+    ev.add_argument("--max-turns", type=int, default=4)
+    ev.add_argument("--max-tool-calls", type=int, default=3)
+    ev.add_argument("--limit", type=int, default=None, help="first N problems only")
+    ev.add_argument("--problem-key", default="problem")
+    ev.add_argument("--answer-key", default="answer")
+    ev.add_argument("--answer-extractor", default="none", choices=["none", "gsm8k"])
+    ev.add_argument("--data-root", default="", help="where presets live (default ../shared/data)")
+    ev.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. .../v1")
+    ev.add_argument("--api-key", default=None)
+    ev.add_argument("--seed", type=int, default=0)
+    ev.add_argument("--out", default=None, help="per-problem JSONL (default evals/NAME.jsonl)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,10 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if args.command == "report":
+    if args.command in ("report", "eval"):
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return _report(args)
+        return _report(args) if args.command == "report" else _eval(args)
     flags = [a for a in extra if a.startswith("-")]
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
@@ -129,6 +162,55 @@ def _report(args: argparse.Namespace) -> int:
         print(f"saorl report: error: {exc}", file=sys.stderr)
         return 2
     print(png)
+    return 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import json
+
+    from saorl.config import EnvConfig
+
+    try:
+        env_cfg = EnvConfig(
+            name=args.env,
+            dataset=args.dataset,
+            eval_dataset=args.dataset,
+            eval_size=args.limit or 10**9,
+            use_tool=not args.no_tool,
+            tool_format=args.tool_format,
+            max_turns=args.max_turns,
+            max_tool_calls=args.max_tool_calls,
+            problem_key=args.problem_key,
+            answer_key=args.answer_key,
+            answer_extractor=args.answer_extractor,
+            data_root=args.data_root,
+        )
+        from saorl.evaluation import run_eval  # imports torch
+
+        summary, rows = run_eval(
+            args.model, env_cfg, k=args.k, temperature=args.temperature, top_p=args.top_p,
+            max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, limit=args.limit,
+            base_url=args.base_url, api_key=args.api_key, seed=args.seed,
+            progress=sys.stderr.isatty(),
+        )  # fmt: skip
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"saorl eval: error: {exc}", file=sys.stderr)
+        return 2
+    name = Path(args.dataset).stem if args.env == "math" else args.env
+    out = Path(args.out or f"evals/{name}.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"saorl eval: {args.model} on {name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    print(f"per-problem results: {out}")
     return 0
 
 

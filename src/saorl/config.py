@@ -249,13 +249,46 @@ class LearnerConfig(_Section):
 class EnvConfig(_Section):
     """The task environment."""
 
-    name: Literal["arithmetic"] = Field(
-        "arithmetic", description="environment; 'arithmetic' = built-in arithmetic problems"
+    name: Literal["arithmetic", "tool_arithmetic", "math"] = Field(
+        "arithmetic",
+        description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
+        "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
+        "sandboxed Python tool",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
     seed: int = Field(
         1234, description="task generator seed; the held-out split never overlaps training"
+    )
+    max_turns: int = Field(
+        4, ge=1, description="model turns per episode (tool tasks; 'arithmetic' uses 1)"
+    )
+    max_tool_calls: int = Field(3, ge=0, description="tool calls per episode (tool tasks)")
+    use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
+    tool_format: Literal["code", "hermes"] = Field(
+        "code",
+        description="'code' = <python>...</python> blocks (small models); 'hermes' = "
+        "<tool_call>{json}</tool_call> (chat models); env 'math' only",
+    )
+    dataset: str = Field(
+        "gsm8k",
+        description="env 'math': training problems, a preset (gsm8k, math500, aime24, aime25) "
+        "or a .jsonl/.parquet path",
+    )
+    eval_dataset: str = Field(
+        "",
+        description="env 'math': held-out problems (preset or path); '' = the last eval_size "
+        "rows of `dataset`, which training then never sees",
+    )
+    problem_key: str = Field("problem", description="env 'math' with a path: the problem field")
+    answer_key: str = Field("answer", description="env 'math' with a path: the answer field")
+    answer_extractor: Literal["none", "gsm8k"] = Field(
+        "none", description="env 'math' with a path: 'gsm8k' takes the answer after '####'"
+    )
+    data_root: str = Field(
+        "",
+        description="where presets live; '' = $SAORL_DATA, else ../shared/data from the "
+        "current directory",
     )
 
 

@@ -27,62 +27,33 @@ import torch
 
 from saorl.checkpoint import load_latest_checkpoint, save_checkpoint
 from saorl.config import Config, ConfigError, config_to_toml
-from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
+from saorl.envs.factory import EnvSpec, build_env
+from saorl.evaluation import evaluate_policy
 from saorl.learner import Learner
 from saorl.metrics import MetricsLogger, TrainProgress, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
-from saorl.models.tokenizer import encode_prompt
 from saorl.rollout.agent import UNTRAINABLE
-from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
-from saorl.sft import encode_demos, sft_step
+from saorl.sft import encode_segments, sft_step
 from saorl.types import Batch, Trajectory
 
 
-def evaluate(
-    learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config
-) -> dict[str, float]:
-    """Held-out accuracy of the learner's current policy.
-
-    `eval/accuracy` is the mean reward over `run.eval_samples` samples per held-out problem at
-    the rollout temperature: the success rate of the policy RL optimises (the paper reports
-    avg@k the same way). `eval/accuracy_greedy` decodes each problem once, greedily.
-    """
-    engine = HFEngine(
-        learner.policy,
-        tokenizer,
-        max_seq_len=cfg.model.max_seq_len,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        max_concurrent=max(cfg.rollout.max_concurrent, 256),
-        seed=cfg.run.seed + 12345,  # the same evaluation samples at every evaluation
-        copy_model=False,
-    )
-    reqs = [
-        GenerationRequest(
-            encode_prompt(tokenizer, p.prompt), cfg.rollout.max_new_tokens, greedy=g, payload=p
-        )
-        for g, k in ((True, 1), (False, cfg.run.eval_samples))
-        for p in task.held_out
-        for _ in range(k)
-    ]
-    outs = engine.generate(reqs)
-    learner.policy.train()
-    scores: dict[bool, list[float]] = {True: [], False: []}
-    for c in outs:
-        text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
-        scores[c.request.greedy].append(task.reward(c.request.payload, text))
-    return {
-        "eval/accuracy": sum(scores[False]) / len(scores[False]),
-        "eval/accuracy_greedy": sum(scores[True]) / len(scores[True]),
-    }
+def evaluate(learner: Learner, tokenizer: Any, spec: EnvSpec, cfg: Config) -> dict[str, float]:
+    """Held-out metrics of the learner's current policy (see `saorl.evaluation`)."""
+    # A fixed seed: every evaluation draws the same random numbers, so curves are comparable.
+    return evaluate_policy(learner.policy, tokenizer, spec, cfg, seed=cfg.run.seed + 12345)
 
 
 def supervised_warmup(
-    learner: Learner, tokenizer: Any, task: ArithmeticTask, cfg: Config, progress: TrainProgress
+    learner: Learner, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress
 ) -> None:
     lc = cfg.learner
+    if spec.demo is None:
+        raise ConfigError(
+            f"learner.sft_steps={lc.sft_steps}: env {cfg.env.name!r} has no demonstrations for "
+            "a supervised warm-up; set learner.sft_steps=0 (start from a trained model)"
+        )
     opt = torch.optim.AdamW(learner.policy.parameters(), lr=lc.sft_lr)
     # Cosine decay to 10% of sft_lr: the warm-up ends at a settled point, not mid-oscillation,
     # so the accuracy RL starts from does not hinge on where the last noisy step landed.
@@ -92,8 +63,8 @@ def supervised_warmup(
     rng = random.Random(cfg.run.seed + 1)
     bar = progress.phase("supervised warm-up", lc.sft_steps)
     for _ in range(lc.sft_steps):
-        probs = [task.sample(rng) for _ in range(lc.sft_batch_size)]
-        demos = encode_demos(tokenizer, [p.prompt for p in probs], [p.answer for p in probs])
+        probs = [spec.task.sample(rng) for _ in range(lc.sft_batch_size)]
+        demos = encode_segments(tokenizer, [spec.demo(p, rng) for p in probs])
         sft_step(learner.policy, opt, demos)
         sched.step()
         bar.advance()
@@ -181,7 +152,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     torch.manual_seed(cfg.run.seed)
     device = resolve_device(cfg.model.device)
     policy, tokenizer = load_policy(cfg.model)
-    task = ArithmeticTask(cfg.env.num_digits, cfg.env.eval_size, cfg.env.seed)
+    spec = build_env(cfg.env)
     learner = Learner(cfg, policy, device)
     prompt_rng = random.Random(cfg.run.seed)
     started, extra = 0, {}
@@ -205,8 +176,8 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     with progress, MetricsLogger(run_dir) as log:
         if state is None:
             if cfg.learner.sft_steps:
-                supervised_warmup(learner, tokenizer, task, cfg, progress)
-            ev = evaluate(learner, tokenizer, task, cfg)
+                supervised_warmup(learner, tokenizer, spec, cfg, progress)
+            ev = evaluate(learner, tokenizer, spec, cfg)
             extra = {
                 "initial_eval_accuracy": ev["eval/accuracy"],
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
@@ -215,7 +186,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
             feed0 = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
             save_checkpoint(run_dir, 0, _state(learner, feed0, extra))
         t_start = time.perf_counter()
-        summary = _rl_loop(cfg, learner, tokenizer, task, prompt_rng, started, extra, run_dir,
+        summary = _rl_loop(cfg, learner, tokenizer, spec, prompt_rng, started, extra, run_dir,
                            log, progress)  # fmt: skip
     summary["wall_seconds"] = time.perf_counter() - t_start
     summary["run_dir"] = str(run_dir)
@@ -229,7 +200,7 @@ def _rl_loop(
     cfg: Config,
     learner: Learner,
     tokenizer: Any,
-    task: ArithmeticTask,
+    spec: EnvSpec,
     prompt_rng: random.Random,
     started: int,
     extra: dict,
@@ -254,11 +225,12 @@ def _rl_loop(
     # Synchronous mode admits exactly the batch being collected: nothing generates in the
     # background, so every trajectory is sampled by the policy it trains.
     lookahead = 0 if sync else lc.max_staleness
-    feed = PromptFeed(task, prompt_rng, lc.batch_size, lookahead, learner.steps, started)
+    feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started)
     out: queue.Queue[Trajectory] = queue.Queue()
-    limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, stop=tuple(rc.stop))
+    limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, spec.max_turns,
+                         spec.max_tool_calls, (*spec.stop, *rc.stop))  # fmt: skip
     workers = [
-        RolloutWorker(e, feed, tokenizer, out, ArithmeticEnv, limits, name=f"rollout-{i}")
+        RolloutWorker(e, feed, tokenizer, out, spec.make_env, limits, name=f"rollout-{i}")
         for i, e in enumerate(engines)
     ]
     if not sync:
@@ -295,6 +267,7 @@ def _rl_loop(
                 "step": learner.steps,
                 "rollout/reward_mean": float(batch.scores.mean()),
                 "rollout/response_len_mean": float(batch.action_mask.sum(-1).mean()),
+
                 "async/staleness_mean": sum(stale) / len(stale),
                 "async/staleness_max": max(stale),
                 "async/dropped_stale": dropped_total,
@@ -305,9 +278,12 @@ def _rl_loop(
                 "perf/step_s": now - t_step,
                 "time/wall_s": now - t0,
             })  # fmt: skip
+            if spec.max_tool_calls:
+                calls = [t.info.get("tool_calls", 0) for t in trajs]
+                metrics["rollout/tool_calls_mean"] = sum(calls) / len(calls)
             ev = cfg.run.eval_every
             if learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0):
-                last_eval = evaluate(learner, tokenizer, task, cfg)
+                last_eval = evaluate(learner, tokenizer, spec, cfg)
                 metrics.update(last_eval)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):

@@ -40,6 +40,7 @@ _PANELS = (
     _Panel("policy loss", ("loss/policy",)),
     _Panel("value loss", ("loss/value",)),
     _Panel("value/explained_variance", ("value/explained_variance",)),
+    _Panel("tool calls per episode", ("rollout/tool_calls_mean", "eval/tool_calls_mean")),
     _Panel(
         "DIS masked fraction",
         ("dis/masked_frac", "dis/masked_frac_below", "dis/masked_frac_above"),

@@ -13,23 +13,46 @@ from torch import nn
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import encode_prompt
 
+Segments = list[tuple[str, bool]]  # (text, trained?) pieces of one demonstration
+
+
+def encode_segments(
+    tokenizer: object, demos: list[Segments]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded `(input_ids, attention_mask, target_mask)`; EOS (trained) ends each demo.
+
+    The first segment is the prompt, encoded as the rollout side encodes prompts (through the
+    chat template when there is one); later segments are encoded as plain text, as the agent
+    loop appends them. `target_mask` is 1 on the tokens of trained segments and on EOS.
+    """
+    rows, masks = [], []
+    for segments in demos:
+        ids: list[int] = []
+        mask: list[int] = []
+        for i, (text, trained) in enumerate(segments):
+            piece = (
+                encode_prompt(tokenizer, text)
+                if i == 0
+                else list(tokenizer.encode(text, add_special_tokens=False))
+            )
+            ids += piece
+            mask += [int(trained)] * len(piece)
+        rows.append([*ids, tokenizer.eos_token_id])
+        masks.append([*mask, 1])
+    T = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    ids_t = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
+    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    tmask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float)
+    return ids_t, attn, tmask
+
 
 def encode_demos(
     tokenizer: object, prompts: list[str], answers: list[str]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded `(input_ids, attention_mask, target_mask)` for prompt + answer + EOS."""
-    rows, masks = [], []
-    for p, a in zip(prompts, answers, strict=True):
-        p_ids = encode_prompt(tokenizer, p)
-        a_ids = [*tokenizer.encode(a, add_special_tokens=False), tokenizer.eos_token_id]
-        rows.append(p_ids + a_ids)
-        masks.append([0] * len(p_ids) + [1] * len(a_ids))
-    T = max(len(r) for r in rows)
-    pad = tokenizer.pad_token_id
-    ids = torch.tensor([r + [pad] * (T - len(r)) for r in rows])
-    attn = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
-    tmask = torch.tensor([m + [0] * (T - len(m)) for m in masks], dtype=torch.float)
-    return ids, attn, tmask
+    demos = [[(p, False), (a, True)] for p, a in zip(prompts, answers, strict=True)]
+    return encode_segments(tokenizer, demos)
 
 
 def sft_step(

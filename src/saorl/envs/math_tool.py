@@ -20,6 +20,7 @@ CODE_INSTRUCTIONS = (
     "Solve the problem. You may run Python code by writing <python>code</python>; the printed "
     "output comes back in <output></output>. Put the final answer in \\boxed{}.\n\n"
 )
+NO_TOOL_INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}.\n\n"
 HERMES_INSTRUCTIONS = (
     "Solve the problem. You may call the tool `python` with "
     '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>; the printed '
@@ -45,8 +46,10 @@ class MathToolEnv:
         max_output_chars: int = 1000,
         grader: Callable[[str, str], float] = _default_grader,
         observation_role: str = "tool",
+        use_tool: bool = True,
     ) -> None:
         self.fmt = fmt
+        self.use_tool = use_tool
         self.limits = limits or Limits(wall_s=5.0, cpu_s=5)
         self.max_output_chars = max_output_chars
         self.grader = grader
@@ -55,7 +58,12 @@ class MathToolEnv:
 
     async def reset(self, task: Any) -> list[Message]:
         self.task = task
-        instructions = CODE_INSTRUCTIONS if self.fmt == "code" else HERMES_INSTRUCTIONS
+        if not self.use_tool:
+            instructions = NO_TOOL_INSTRUCTIONS
+        elif self.fmt == "code":
+            instructions = CODE_INSTRUCTIONS
+        else:
+            instructions = HERMES_INSTRUCTIONS
         return [{"role": "user", "content": instructions + task.prompt}]
 
     def _observe(self, text: str, **info: Any) -> StepResult:
@@ -66,7 +74,7 @@ class MathToolEnv:
         )
 
     async def step(self, action_text: str) -> StepResult:
-        call = parse_tool_call(action_text, self.fmt)
+        call = parse_tool_call(action_text, self.fmt) if self.use_tool else None
         if call is None:
             reward = await asyncio.to_thread(self.grader, action_text, self.task.answer)
             return StepResult(reward=reward, done=True, info={"answer_text": action_text[-200:]})

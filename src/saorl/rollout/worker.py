@@ -27,6 +27,7 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -91,6 +92,21 @@ class PromptFeed:
             return {"prompt_rng": self.rng.getstate(), "data_position": self.drawn}
 
 
+class FixedFeed:
+    """A fixed list of tasks handed out once each, with no admission control (evaluation)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self.items = deque(items)
+        self.cond = threading.Condition()
+
+    def next(self) -> Any | None:
+        with self.cond:
+            return self.items.popleft() if self.items else None
+
+    def release(self) -> None:
+        """Nothing to re-admit: every item is handed out exactly once."""
+
+
 @dataclass
 class AgentLimits:
     """Per-episode budgets (tokens are counted on the whole sequence, prompt included)."""
@@ -100,6 +116,7 @@ class AgentLimits:
     max_turns: int = 1
     max_tool_calls: int = 0
     stop: tuple[str, ...] = ()
+    greedy: bool = False  # evaluation: argmax decoding instead of sampling
 
 
 class RolloutWorker:
@@ -112,7 +129,7 @@ class RolloutWorker:
     def __init__(
         self,
         engine: Engine,
-        feed: PromptFeed,
+        feed: PromptFeed | FixedFeed,
         tokenizer: Any,
         out: queue.Queue[Trajectory],
         make_env: Callable[[], Env],
@@ -163,6 +180,7 @@ class RolloutWorker:
                 max_new_tokens=min(self.limits.max_new_tokens, room),
                 request_id=self._requests,
                 stop=list(self.limits.stop),
+                greedy=self.limits.greedy,
                 payload=ep,
             )
         )

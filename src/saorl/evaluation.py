@@ -1,0 +1,235 @@
+"""Evaluation: run whole episodes on held-out problems and score them.
+
+Used by `saorl train` (held-out accuracy during training) and `saorl eval` (a model or run on a
+dataset). Episodes go through the same agent loop as training rollouts (`RolloutWorker`), so a
+tool task is evaluated with its tool. pass@1 is averaged over k samples per problem (avg@k);
+pass@k uses the unbiased estimator of Chen et al. (2021) over the same k samples.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import time
+from collections import defaultdict
+from typing import Any
+
+from torch import nn
+
+from saorl.envs.factory import EnvSpec
+from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
+from saorl.types import Trajectory
+
+
+def run_episodes(
+    model: nn.Module,
+    tokenizer: Any,
+    spec: EnvSpec,
+    problems: list[Any],
+    *,
+    max_seq_len: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    greedy: bool = False,
+    seed: int = 0,
+    max_concurrent: int = 256,
+    on_done: Any = None,
+) -> list[Trajectory]:
+    """One episode per entry of `problems` with `model` itself (no copy); completion order."""
+    engine = HFEngine(model, tokenizer, max_seq_len=max_seq_len, temperature=temperature,
+                      top_p=top_p, max_concurrent=max_concurrent, seed=seed,
+                      copy_model=False)  # fmt: skip
+    limits = AgentLimits(max_seq_len, max_new_tokens, spec.max_turns, spec.max_tool_calls,
+                         spec.stop, greedy=greedy)  # fmt: skip
+    out: queue.Queue[Trajectory] = queue.Queue()
+    worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)
+    results: list[Trajectory] = []
+    try:
+        while len(results) < len(problems):
+            worker.fill()
+            if engine.num_unfinished():
+                worker.step()
+            else:
+                worker.step()  # collect environment results only
+                time.sleep(0.001)
+            while not out.empty():
+                results.append(out.get_nowait())
+                if on_done is not None:
+                    on_done()
+    finally:
+        worker.stop_thread()
+    model.train()
+    return results
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples with c correct: 1 - C(n-c, k) / C(n, k)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def summarize(trajs: list[Trajectory], prefix: str = "eval/") -> dict[str, float]:
+    """Accuracy (mean reward), tool calls, turns and stop reasons of a set of episodes."""
+    n = max(len(trajs), 1)
+    out = {
+        f"{prefix}accuracy": sum(t.reward for t in trajs) / n,
+        f"{prefix}tool_calls_mean": sum(t.info.get("tool_calls", 0) for t in trajs) / n,
+        f"{prefix}turns_mean": sum(t.info.get("turns", 0) for t in trajs) / n,
+    }
+    reasons: dict[str, int] = defaultdict(int)
+    for t in trajs:
+        reasons[t.stop_reason] += 1
+    for r, c in reasons.items():
+        out[f"{prefix}stop/{r}"] = c / n
+    return out
+
+
+def per_problem(trajs: list[Trajectory], k: int) -> dict[str, dict[str, float]]:
+    """pass@1 (avg over samples) and pass@k per problem key."""
+    by_key: dict[str, list[float]] = defaultdict(list)
+    for t in trajs:
+        by_key[t.prompt_key].append(t.reward)
+    return {
+        key: {
+            "samples": len(rs),
+            "correct": sum(r > 0 for r in rs),
+            "pass@1": sum(rs) / len(rs),
+            f"pass@{k}": pass_at_k(len(rs), sum(r > 0 for r in rs), min(k, len(rs))),
+        }
+        for key, rs in by_key.items()
+    }
+
+
+def evaluate_policy(
+    model: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Any, seed: int
+) -> dict[str, float]:
+    """`eval/accuracy` (avg@k at the rollout temperature) and `eval/accuracy_greedy`.
+
+    `eval/accuracy` is the mean reward over `run.eval_samples` samples per held-out problem:
+    the success rate of the policy RL optimises (the paper reports avg@k the same way).
+    """
+    common = {
+        "max_seq_len": cfg.model.max_seq_len,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "temperature": cfg.rollout.temperature,
+        "top_p": cfg.rollout.top_p,
+        "max_concurrent": max(cfg.rollout.max_concurrent, 256),
+        "seed": seed,
+    }
+    held = list(spec.task.held_out)
+    greedy = run_episodes(model, tokenizer, spec, held, greedy=True, **common)
+    sampled = run_episodes(model, tokenizer, spec, held * cfg.run.eval_samples, **common)
+    metrics = summarize(sampled)
+    metrics["eval/accuracy_greedy"] = summarize(greedy)["eval/accuracy"]
+    if not spec.max_tool_calls:  # a task without tools: the count is always 0
+        metrics.pop("eval/tool_calls_mean")
+    return metrics
+
+
+def _load_model(model: str, max_seq_len: int) -> tuple[nn.Module, Any]:
+    """A run directory (its `final/` policy), a checkpoint file of a run
+    (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`."""
+    from pathlib import Path
+
+    import torch
+
+    from saorl.config import ConfigError, ModelConfig, load_config
+    from saorl.models.loading import load_policy
+
+    path = Path(model)
+    if path.is_file() and path.suffix == ".pt":
+        run_config = path.parent.parent / "config.toml"
+        if not run_config.is_file():
+            raise ConfigError(
+                f"{path}: a checkpoint must sit in RUN/checkpoints/ beside RUN/config.toml"
+            )
+        policy, tokenizer = load_policy(load_config(run_config).model)
+        state = torch.load(path, map_location="cpu", weights_only=False)
+        policy.load_state_dict(state["policy"])
+        return policy, tokenizer
+    if (path / "final" / "config.json").exists():
+        path = path / "final"
+    name = model if model.startswith("builtin:") else str(path)
+    return load_policy(ModelConfig(name_or_path=name, max_seq_len=max_seq_len))
+
+
+def run_eval(
+    model: str,
+    env_cfg: Any,
+    *,
+    k: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 1024,
+    max_seq_len: int = 4096,
+    limit: int | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    concurrency: int = 8,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Evaluate `model` on the held-out problems of `env_cfg`; returns (summary, per-problem).
+
+    With `base_url`, `model` is the served model's name and episodes go over HTTP.
+    """
+    import concurrent.futures
+
+    from rich.progress import Progress
+
+    from saorl.envs.factory import build_env
+
+    spec = build_env(env_cfg)
+    problems = list(spec.task.held_out)[: limit or None]
+    jobs = [p for p in problems for _ in range(k)]
+    with Progress(disable=not progress, transient=True) as bar:
+        task_id = bar.add_task(f"eval {len(problems)} problems x {k}", total=len(jobs))
+
+        def tick() -> None:
+            bar.advance(task_id)
+
+        if base_url:
+            from saorl.rollout.openai_client import chat_episode
+
+            def one(p: Any) -> Any:
+                ep = chat_episode(base_url, model, spec.make_env(), p,
+                                  max_turns=spec.max_turns, max_tool_calls=spec.max_tool_calls,
+                                  stop=spec.stop, temperature=temperature, top_p=top_p,
+                                  max_tokens=max_new_tokens, api_key=api_key)  # fmt: skip
+                tick()
+                return ep
+
+            with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+                episodes = list(pool.map(one, jobs))
+            texts = [e.text for e in episodes]
+        else:
+            policy, tokenizer = _load_model(model, max_seq_len)
+            policy.eval()
+            episodes = run_episodes(policy, tokenizer, spec, jobs, max_seq_len=max_seq_len,
+                                    max_new_tokens=max_new_tokens, temperature=temperature,
+                                    top_p=top_p, seed=seed, on_done=tick)  # fmt: skip
+            texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
+    stats = per_problem(episodes, k)  # type: ignore[arg-type]
+    rows = []
+    for p in problems:
+        samples = [
+            {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
+             e.info.get("tool_calls", 0), "text": txt}
+            for e, txt in zip(episodes, texts, strict=True)
+            if e.prompt_key == p.key
+        ]  # fmt: skip
+        rows.append({"key": p.key, "prompt": p.prompt, "reference": p.answer,
+                     **stats.get(p.key, {}), "samples": samples})  # fmt: skip
+    n = max(len(rows), 1)
+    summary = {
+        "model": model,
+        "problems": len(rows),
+        "k": k,
+        "pass@1": sum(r.get("pass@1", 0.0) for r in rows) / n,
+        f"pass@{k}": sum(r.get(f"pass@{k}", 0.0) for r in rows) / n,
+        **{key.removeprefix("eval/"): v for key, v in summarize(episodes).items()},  # type: ignore[arg-type]
+    }
+    return summary, rows

@@ -1,0 +1,104 @@
+"""Episodes against an OpenAI-compatible chat endpoint (a served model), for `saorl eval`.
+
+A served model speaks text, not token ids, so this path is for evaluation only: the same
+environments and grading as training, with the conversation kept as messages. The standard
+library's HTTP client is used; nothing extra to install.
+
+The API strips a matched stop string from the returned text; a tool call cut by its stop string
+(`<python>...` without `</python>`) gets its closing tag back before the environment sees it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from typing import Any
+
+from saorl.envs.base import Env
+
+
+@dataclass
+class TextEpisode:
+    """The outcome of one episode over the endpoint (the fields `summarize` reads)."""
+
+    prompt_key: str
+    reward: float
+    stop_reason: str
+    text: str
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _complete(base_url: str, body: dict[str, Any], api_key: str | None, timeout: float) -> dict:
+    req = urllib.request.Request(
+        base_url.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"}
+        | ({"Authorization": f"Bearer {api_key}"} if api_key else {}),
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        raise RuntimeError(f"{base_url}: HTTP {e.code}: {e.read()[:300]!r}") from e
+    except (urllib.error.URLError, TimeoutError) as e:
+        raise RuntimeError(f"{base_url}: cannot reach the endpoint: {e}") from e
+
+
+def chat_episode(
+    base_url: str,
+    model: str,
+    env: Env,
+    task: Any,
+    *,
+    max_turns: int,
+    max_tool_calls: int,
+    stop: tuple[str, ...] = (),
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 1024,
+    api_key: str | None = None,
+    timeout: float = 300.0,
+) -> TextEpisode:
+    """Run one episode: model turns over HTTP, environment steps in between."""
+    loop = asyncio.new_event_loop()
+    try:
+        messages = list(loop.run_until_complete(env.reset(task)))
+        turns, tool_calls, reward, texts, info = 0, 0, 0.0, [], {}
+        while True:
+            body = {"model": model, "messages": messages, "temperature": temperature,
+                    "top_p": top_p, "max_tokens": max_tokens}  # fmt: skip
+            if stop:
+                body["stop"] = list(stop)
+            choice = _complete(base_url, body, api_key, timeout)["choices"][0]
+            text = choice["message"].get("content") or ""
+            for s in stop:  # give a call cut by its stop string its closing tag back
+                opener = s.replace("</", "<", 1)
+                if choice.get("finish_reason") == "stop" and text.rfind(opener) > text.rfind(s):
+                    text += s
+            turns += 1
+            texts.append(text)
+            if choice.get("finish_reason") == "length":
+                reason = "length"
+                break
+            messages.append({"role": "assistant", "content": text})
+            result = loop.run_until_complete(env.step(text))
+            reward += result.reward
+            info.update(result.info)
+            tool_calls += int(bool(result.info.get("tool_call")))
+            if result.done:
+                reason = "answer"
+                break
+            if turns >= max_turns:
+                reason = "max_turns"
+                break
+            if tool_calls > max_tool_calls:
+                reason = "max_tool_calls"
+                break
+            messages.extend(result.observations)
+    finally:
+        loop.close()
+    info.update({"turns": turns, "tool_calls": tool_calls})
+    return TextEpisode(getattr(task, "key", ""), reward, reason, "\n".join(texts), info)
