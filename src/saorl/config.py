@@ -150,8 +150,30 @@ class RolloutConfig(_Section):
 class AlgorithmConfig(_Section):
     """The RL objective: DIS band, GAE and optional regularisers (paper Eqs. 1-3)."""
 
-    name: Literal["sao"] = Field(
-        "sao", description="RL algorithm; 'sao' = single rollout + DIS + critic (paper)"
+    name: Literal["sao", "grpo", "grpo_dis", "running_mean", "vapo"] = Field(
+        "sao",
+        description="'sao' = single rollout + DIS + critic (paper); baselines (paper section 2): "
+        "'grpo' = groups + PPO clip-higher vs the old policy, 'grpo_dis' = groups + DIS, "
+        "'running_mean' = single rollout + per-prompt mean baseline + DIS, 'vapo' = critic + "
+        "adaptive GAE + PPO clip, no DIS",
+    )
+    group_size: int = Field(
+        8, ge=2, description="rollouts per prompt for grpo/grpo_dis; paper: 16 prompts x 8"
+    )
+    clip_eps_low: float = Field(
+        0.2, gt=0, description="PPO clip-higher lower half-width (grpo, vapo); paper: 0.2"
+    )
+    clip_eps_high: float = Field(
+        0.28, gt=0, description="PPO clip-higher upper half-width (grpo, vapo); paper: 0.28"
+    )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="policy optimizer steps per batch, one per mini-batch (grpo/vapo); "
+        "the old policy is the weights at the start of the batch",
+    )
+    baseline_window: int = Field(
+        8, ge=1, description="rewards per prompt in the running-mean baseline; paper: 8"
     )
     eps_low: float = Field(
         0.3,
@@ -347,6 +369,18 @@ class Config(_Section):
                 f"model.max_seq_len ({self.model.max_seq_len}) must be greater than "
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the context holds the "
                 "prompt and the generated tokens"
+            )
+        groups = self.algorithm.name in ("grpo", "grpo_dis")
+        if groups and self.learner.batch_size % self.algorithm.group_size:
+            raise ValueError(
+                f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
+                f"algorithm.group_size ({self.algorithm.group_size}) for "
+                f"algorithm.name={self.algorithm.name!r}: batches hold whole groups"
+            )
+        if self.algorithm.minibatches > self.learner.batch_size:
+            raise ValueError(
+                f"algorithm.minibatches ({self.algorithm.minibatches}) must be at most "
+                f"learner.batch_size ({self.learner.batch_size})"
             )
         return self
 

@@ -72,41 +72,69 @@ def supervised_warmup(
     learner.reset_critic_from_policy()
 
 
-def _collect(
-    workers: list[RolloutWorker],
-    feed: PromptFeed,
-    out: queue.Queue[Trajectory],
-    learner: Learner,
-    n: int,
-    max_staleness: int,
-    sync: bool,
-) -> tuple[list[Trajectory], int, float]:
-    """The first `n` finished, fresh-enough trajectories; returns them, drops, seconds waited."""
-    batch: list[Trajectory] = []
-    dropped, waited = 0, 0.0
-    while len(batch) < n:
-        t0 = time.perf_counter()
-        for w in workers:
-            if sync:  # synchronous mode: the learner is idle for as long as generation runs
+class BatchCollector:
+    """Forms learner batches from finished trajectories, in completion order.
+
+    Single-rollout algorithms take the first `n` fresh-enough trajectories. Group algorithms
+    (GRPO) take whole groups: a group is ready when its last member finishes (the hidden
+    barrier the paper measures: `async/group_wait_s` is the time from its first member
+    finishing to its last), and is dropped whole if any member failed or is too stale.
+    Every dropped rollout frees its admission slot so a replacement can start.
+    """
+
+    def __init__(self, workers: list[RolloutWorker], feed: PromptFeed,
+                 out: queue.Queue[Trajectory], group_size: int, sync: bool) -> None:  # fmt: skip
+        self.workers, self.feed, self.out = workers, feed, out
+        self.group_size, self.sync = group_size, sync
+        self.partial: dict[int, list[Trajectory]] = {}
+        self.first_done: dict[int, float] = {}
+
+    def _next(self) -> Trajectory | None:
+        for w in self.workers:
+            if self.sync:  # synchronous mode: the learner is idle for as long as generation runs
                 w.fill()
                 w.step()
             if w.error is not None:
                 raise RuntimeError(f"{w.name} failed: {w.error}") from w.error
         try:
-            traj = out.get(timeout=0.0 if sync else 1.0)
+            return self.out.get(timeout=0.0 if self.sync else 1.0)
         except queue.Empty:
+            return None
+
+    def _drop(self, count: int) -> None:
+        for _ in range(count):
+            self.feed.release()
+
+    def collect(
+        self, version: int, n: int, max_staleness: int
+    ) -> tuple[list[Trajectory], int, float, list[float]]:
+        """`(batch, dropped as too stale, seconds waited, group waits in seconds)`."""
+        batch: list[Trajectory] = []
+        dropped, waited, group_waits = 0, 0.0, []
+        while len(batch) < n:
+            t0 = time.perf_counter()
+            traj = self._next()
             waited += time.perf_counter() - t0
-            continue
-        waited += time.perf_counter() - t0
-        if traj.stop_reason in UNTRAINABLE:
-            feed.release()  # infrastructure failure: says nothing about the policy; replace it
-            continue
-        if traj.staleness(learner.version) > max_staleness:
-            dropped += 1  # the safety net behind admission control: never train on it
-            feed.release()
-            continue
-        batch.append(traj)
-    return batch, dropped, waited
+            if traj is None:
+                continue
+            members = [traj]
+            if self.group_size > 1:
+                g = traj.group_id
+                self.first_done.setdefault(g, time.perf_counter())
+                self.partial.setdefault(g, []).append(traj)
+                if len(self.partial[g]) < self.group_size:
+                    continue
+                members = self.partial.pop(g)
+                group_waits.append(time.perf_counter() - self.first_done.pop(g))
+            if any(t.stop_reason in UNTRAINABLE for t in members):
+                self._drop(len(members))  # infrastructure failure: says nothing about the policy
+                continue
+            if max(t.staleness(version) for t in members) > max_staleness:
+                dropped += len(members)  # the safety net behind admission control
+                self._drop(len(members))
+                continue
+            batch.extend(members)
+        return batch, dropped, waited, group_waits
 
 
 def _state(learner: Learner, feed_state: dict[str, Any], extra: dict) -> dict:
@@ -120,6 +148,7 @@ def _state(learner: Learner, feed_state: dict[str, Any], extra: dict) -> dict:
         "critic_opt": learner.critic_opt.state_dict(),
         "skipped_steps": learner.skipped_steps,
         "torch_rng": torch.get_rng_state(),
+        "baseline": learner.baseline.state_dict(),
         **feed_state,
         **extra,
     }
@@ -225,7 +254,9 @@ def _rl_loop(
     # Synchronous mode admits exactly the batch being collected: nothing generates in the
     # background, so every trajectory is sampled by the policy it trains.
     lookahead = 0 if sync else lc.max_staleness
-    feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started)
+    group_size = cfg.algorithm.group_size if cfg.algorithm.name in ("grpo", "grpo_dis") else 1
+    feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started,
+                      group_size=group_size)  # fmt: skip
     out: queue.Queue[Trajectory] = queue.Queue()
     limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, spec.max_turns,
                          spec.max_tool_calls, (*spec.stop, *rc.stop))  # fmt: skip
@@ -233,6 +264,7 @@ def _rl_loop(
         RolloutWorker(e, feed, tokenizer, out, spec.make_env, limits, name=f"rollout-{i}")
         for i, e in enumerate(engines)
     ]
+    collector = BatchCollector(workers, feed, out, group_size, sync)
     if not sync:
         for w in workers:
             w.start()
@@ -243,8 +275,9 @@ def _rl_loop(
     try:
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
-            trajs, dropped, waited = _collect(workers, feed, out, learner, lc.batch_size,
-                                              lc.max_staleness, sync)  # fmt: skip
+            trajs, dropped, waited, group_waits = collector.collect(
+                learner.version, lc.batch_size, lc.max_staleness
+            )
             feed.consume()
             waited_total += waited
             dropped_total += dropped
@@ -278,6 +311,8 @@ def _rl_loop(
                 "perf/step_s": now - t_step,
                 "time/wall_s": now - t0,
             })  # fmt: skip
+            if group_waits:
+                metrics["async/group_wait_s"] = sum(group_waits) / len(group_waits)
             if spec.max_tool_calls:
                 calls = [t.info.get("tool_calls", 0) for t in trajs]
                 metrics["rollout/tool_calls_mean"] = sum(calls) / len(calls)

@@ -83,6 +83,7 @@ class Batch:
     scores: torch.Tensor  # float, (B,), the outcome reward per row
     group_ids: torch.Tensor  # long, (B,)
     stop_reasons: list[str]
+    prompt_keys: list[str]
 
     @property
     def size(self) -> int:
@@ -142,4 +143,5 @@ class Batch:
             scores=torch.tensor([t.reward for t in trajs], dtype=torch.float),
             group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
             stop_reasons=[t.stop_reason for t in trajs],
+            prompt_keys=[t.prompt_key for t in trajs],
         )

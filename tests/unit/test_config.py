@@ -191,7 +191,7 @@ _BAD_FILES = [
     ('[learner]\nbatch_size = "64"\n', "learner.batch_size", "must be an integer"),
     ("[learner]\nbatch_size = 2.0\n", "learner.batch_size", "must be an integer"),
     ("[algorithm]\neps_low = -0.1\n", "algorithm.eps_low", "must be > 0, got -0.1"),
-    ('[algorithm]\nname = "grpo"\n', "algorithm.name", '"sao"'),
+    ('[algorithm]\nname = "ppo"\n', "algorithm.name", '"grpo"'),
     ("algorithm = 3\n", "algorithm", "must be a table"),
     ("[run]\nname = 5\n", "run.name", "must be a string"),
 ]

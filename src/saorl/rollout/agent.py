@@ -89,6 +89,7 @@ class Episode:
     tool_calls: int = 0
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    group_id: int = -1
 
     @property
     def ids(self) -> list[int]:
@@ -121,5 +122,6 @@ class Episode:
             reward=self.reward,
             stop_reason=stop_reason,  # type: ignore[arg-type]
             prompt_key=key,
+            group_id=self.group_id,
             info={**self.info, "turns": self.turns, "tool_calls": self.tool_calls},
         )

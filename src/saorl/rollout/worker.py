@@ -56,8 +56,13 @@ class PromptFeed:
         max_staleness: int,
         consumed: int = 0,
         drawn: int = 0,
+        group_size: int = 1,
     ) -> None:
         self.task = task
+        self.group_size = group_size
+        self._left = 0  # rollouts still to hand out for the current group
+        self._current: Any = None
+        self._group = drawn - 1
         self.rng = rng
         self.batch_size = batch_size
         self.max_staleness = max_staleness
@@ -66,14 +71,23 @@ class PromptFeed:
         self.drawn = drawn
         self.cond = threading.Condition()
 
-    def next(self) -> Any | None:
-        """A fresh training problem, or None while admission control says wait."""
+    def next(self) -> tuple[Any, int] | None:
+        """`(task, group id)` for a new rollout, or None while admission control says wait.
+
+        With `group_size` n > 1 (GRPO-style algorithms) each drawn task is handed out n times
+        in a row under one group id; otherwise every rollout is its own group.
+        """
         with self.cond:
             if self.admitted >= (self.consumed + max(self.max_staleness, 1)) * self.batch_size:
                 return None
             self.admitted += 1
-            self.drawn += 1
-            return self.task.sample(self.rng)
+            if self._left == 0:
+                self._current = self.task.sample(self.rng)
+                self.drawn += 1
+                self._group += 1
+                self._left = self.group_size
+            self._left -= 1
+            return self._current, self._group
 
     def release(self) -> None:
         """A started rollout will not be trained (dropped, failed): admit a replacement."""
@@ -99,9 +113,9 @@ class FixedFeed:
         self.items = deque(items)
         self.cond = threading.Condition()
 
-    def next(self) -> Any | None:
+    def next(self) -> tuple[Any, int] | None:
         with self.cond:
-            return self.items.popleft() if self.items else None
+            return (self.items.popleft(), -1) if self.items else None
 
     def release(self) -> None:
         """Nothing to re-admit: every item is handed out exactly once."""
@@ -185,15 +199,16 @@ class RolloutWorker:
             )
         )
 
-    def _start_episode(self, task: Any) -> None:
+    def _start_episode(self, task: Any, group_id: int = -1) -> None:
         env = self.make_env()
         self.active += 1
         try:
             messages = self._env_call(env, env.reset(task)).result()
         except Exception as e:
-            ep = Episode(env, task, [], [], info={"error": f"reset: {type(e).__name__}: {e}"})
+            ep = Episode(env, task, [], [], group_id=group_id)
+            ep.info["error"] = f"reset: {type(e).__name__}: {e}"
             return self._emit(ep, "env_error")
-        ep = Episode(env, task, list(messages), self.codec.prompt_ids(messages))
+        ep = Episode(env, task, list(messages), self.codec.prompt_ids(messages), group_id=group_id)
         if len(ep.prompt_ids) >= self.limits.max_seq_len:
             ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
             return self._emit(ep, "context")
@@ -252,10 +267,10 @@ class RolloutWorker:
     def fill(self) -> None:
         """Start as many new episodes as the engine has room for and admission allows."""
         while self.active < self.limits_concurrency():
-            task = self.feed.next()
-            if task is None:
+            item = self.feed.next()
+            if item is None:
                 return
-            self._start_episode(task)
+            self._start_episode(*item)
 
     def limits_concurrency(self) -> int:
         return getattr(self.engine, "max_concurrent", 64)

@@ -1,0 +1,106 @@
+"""The baselines of the stability lab: each algorithm trains, groups stay whole, and the math
+of vanilla GRPO and the running-mean baseline matches hand-computed values."""
+
+from __future__ import annotations
+
+import json
+import math
+import queue
+import string
+
+import pytest
+import torch
+
+from saorl.envs.arithmetic import ArithmeticTask
+from saorl.learner import Learner
+from saorl.loop import BatchCollector, train_from_config
+from saorl.types import Batch, Trajectory
+from tests.conftest import tiny_config
+
+STOP_ON_MOST_CHARS = "rollout.stop=" + str(list(string.ascii_letters + string.digits))
+
+
+@pytest.mark.parametrize("name", ["sao", "grpo", "grpo_dis", "running_mean", "vapo"])
+def test_each_algorithm_runs_async_steps(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(ArithmeticTask, "reward", staticmethod(lambda p, t: float(len(t) % 2)))
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}", f"algorithm.name={name}", "algorithm.group_size=4",
+        "run.total_steps=3", "run.eval_every=0", STOP_ON_MOST_CHARS, "algorithm.minibatches=2",
+    )  # fmt: skip
+    summary = train_from_config(cfg)
+    assert summary["steps"] == 3
+    rows = [
+        json.loads(x) for x in (tmp_path / "default" / "metrics.jsonl").read_text().splitlines()
+    ]
+    trained = [r for r in rows if r.get("learner/warmup") == 0.0]
+    assert trained, "no policy step was taken"
+    for r in trained:
+        assert math.isfinite(r["loss/policy"]) and math.isfinite(r["policy/grad_norm"])
+    uses_ppo = name in ("grpo", "vapo")
+    assert ("ppo/clip_frac" in trained[-1]) == uses_ppo
+    assert ("dis/masked_frac" in trained[-1]) == (not uses_ppo)
+    assert ("loss/value" in trained[-1]) == (name in ("sao", "vapo"))
+    if name in ("grpo", "grpo_dis"):
+        assert all("async/group_wait_s" in r for r in rows if "learner/version" in r)
+    # Two mini-batches: two policy versions per policy step.
+    assert trained[-1]["learner/version"] == 2 * len(trained)
+
+
+def _traj(group: int, reward: float, n: int = 2, version: int = 0) -> Trajectory:
+    return Trajectory([5, 6], [7] * n, [1] * n, [-0.5] * n, [version] * n, reward=reward,
+                      group_id=group, prompt_key=f"p{group}")  # fmt: skip
+
+
+class _Feed:
+    released = 0
+
+    def release(self) -> None:
+        self.released += 1
+
+
+def test_group_batches_contain_whole_groups():
+    out: queue.Queue = queue.Queue()
+    # Members of groups 0, 1, 2 finish interleaved; group 1 completes first, then group 0.
+    for g in (0, 1, 1, 2, 0, 2):
+        out.put(_traj(g, 1.0))
+    feed = _Feed()
+    collector = BatchCollector([], feed, out, group_size=2, sync=False)  # type: ignore[arg-type]
+    batch, dropped, _, waits = collector.collect(version=0, n=4, max_staleness=4)
+    assert [t.group_id for t in batch] == [1, 1, 0, 0]
+    assert dropped == 0 and len(waits) == 2
+    # Stale groups are dropped whole and free their slots: group 2 (its first member arrived
+    # above, its second is still queued) and group 3 were sampled at version 0.
+    out.put(_traj(3, 1.0, version=0))
+    out.put(_traj(3, 1.0, version=0))
+    for _ in range(2):
+        out.put(_traj(4, 1.0, version=9))
+    batch, dropped, _, _ = collector.collect(version=9, n=2, max_staleness=4)
+    assert [t.group_id for t in batch] == [4, 4]
+    assert dropped == 4 and feed.released == 4
+
+
+def test_vanilla_grpo_loss_is_ppo_clip_on_group_normalised_advantages(tiny_policy):
+    policy, _ = tiny_policy
+    learner = Learner(tiny_config("algorithm.name=grpo", "algorithm.group_size=2"), policy,
+                      torch.device("cpu"))  # fmt: skip
+    # One group: rewards 1 and 0 -> mean 0.5, population std 0.5 -> advantages +1 and -1
+    # (up to the 1e-6 in the denominator). Row 0 has 3 action tokens, row 1 has 1.
+    batch = Batch.from_trajectories([_traj(0, 1.0, n=3), _traj(0, 0.0, n=1)], pad_id=0)
+    m = learner.step(batch)
+    # The old policy is the current one, so every ratio is 1 and nothing is clipped:
+    # loss = -(3 * (+1) + 1 * (-1)) / 4 action tokens = -0.5.
+    assert m["loss/policy"] == pytest.approx(-0.5, abs=1e-5)
+    assert m["ppo/clip_frac"] == 0.0
+
+
+def test_running_mean_baseline_is_per_prompt(tiny_policy):
+    policy, _ = tiny_policy
+    learner = Learner(tiny_config("algorithm.name=running_mean"), policy, torch.device("cpu"))
+    # First visit of each prompt: no history, advantage 0 (the baseline is the reward itself).
+    m1 = learner.step(Batch.from_trajectories([_traj(0, 1.0), _traj(1, 0.0)], pad_id=0))
+    assert m1["advantage/mean"] == pytest.approx(0.0)
+    # Second visit: prompt 0 had mean 1.0 -> 0 - 1 = -1; prompt 1 had mean 0.0 -> 1 - 0 = +1.
+    m2 = learner.step(Batch.from_trajectories([_traj(0, 0.0), _traj(1, 1.0)], pad_id=0))
+    assert m2["advantage/mean"] == pytest.approx(0.0)  # (-1 * 2 + 1 * 2) / 4 tokens
+    assert learner.baseline.baseline("p0") == pytest.approx(0.5)
+    assert learner.baseline.baseline("p1") == pytest.approx(0.5)
