@@ -2,18 +2,22 @@
 
     saorl train [--config FILE.toml] [--print-config] [--help-config] [--resume RUN_DIR]
                 [section.field=value ...]
-    saorl report RUN_DIR
+    saorl report RUN_DIR [RUN_DIR ...] [--out PATH]
+    saorl compare [--config FILE.toml] [--arms a,b,c] [--out DIR] [--push-every K] [--steps N]
+                  [section.field=value ...]
 
 Nothing heavy is imported at module level: `saorl --help`, `saorl train --help`,
 `--print-config` and `--help-config` never import torch; the training loop is imported only
 when a run starts; `saorl report` imports matplotlib only when it draws. Exit codes: 0 success,
-2 bad command line, config or run directory (message on stderr, no traceback), 130 interrupted.
+1 `saorl compare` finished but some arm failed (the report still lists it), 2 bad command line,
+config or run directory (message on stderr, no traceback), 130 interrupted.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -67,14 +71,73 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report = commands.add_parser(
         "report",
-        help="plot a run's metrics.jsonl into RUN_DIR/report.png",
+        help="plot a run's metrics.jsonl into RUN_DIR/report.png, or compare several runs",
         description="Plot the curves of a run (reward, held-out accuracy, losses, DIS masking, "
-        "staleness, throughput) from RUN_DIR/metrics.jsonl into RUN_DIR/report.png.",
+        "staleness, throughput) from RUN_DIR/metrics.jsonl into RUN_DIR/report.png. With "
+        "several run directories, draw them on one comparison PNG (one colour per run, "
+        "collapse steps marked) in the first one's parent directory, or --out.",
         allow_abbrev=False,
     )
-    report.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (runs/NAME)")
+    report.add_argument("run_dir", nargs="+", metavar="RUN_DIR", help="a run directory (runs/NAME)")
+    report.add_argument(
+        "--out",
+        metavar="PATH",
+        help="the PNG to write (a path ending in .png, else a directory for compare.png); "
+        "with one RUN_DIR the default stays RUN_DIR/report.png",
+    )
+    _add_compare_parser(commands)
     _add_eval_parser(commands)
     return parser
+
+
+_COMPARE_EPILOG = """
+examples:
+  saorl compare --steps 300                           # the five algorithms, 300 steps each
+  saorl compare --arms sao,sao_k1,sao_no_freeze --out runs/ablate
+  saorl compare --arms sao,grpo --push-every 4        # weights reach engines every 4 steps
+  saorl compare --arms sao,lr_hi:learner.lr=3e-4 run.seed=1
+"""
+
+
+def _add_compare_parser(commands: Any) -> None:
+    from saorl.compare import ARMS, DEFAULT_ARMS  # no torch: the loop is imported per run
+
+    cmp = commands.add_parser(
+        "compare",
+        help="train several algorithms / ablations under identical settings and report",
+        description="Train one run per arm into OUT/ARM, one after another, with the same "
+        "config, seed, task, step budget and asynchrony; then write OUT/compare.png, "
+        "OUT/summary.csv and OUT/index.html. Rerunning skips finished arms and resumes "
+        "interrupted ones from their checkpoints.",
+        epilog=textwrap.fill(
+            f"arms: built-in {', '.join(ARMS)}; a custom arm is "
+            "NAME:section.field=value,section.field=value (a built-in NAME adds its own "
+            "overrides first). Every arm gets the same base config, overrides, seed and budget.",
+            width=88,
+        )
+        + "\n"
+        + _COMPARE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
+    )
+    cmp.add_argument("--config", metavar="FILE.toml", help="base TOML config of every arm")
+    cmp.add_argument(
+        "--arms",
+        default=",".join(DEFAULT_ARMS),
+        help=f"comma-separated arms (default {','.join(DEFAULT_ARMS)})",
+    )
+    cmp.add_argument("--out", default="runs/compare", help="output directory (runs/compare)")
+    cmp.add_argument(
+        "--push-every",
+        type=int,
+        metavar="K",
+        help="push weights to the engines every K optimizer steps (learner.push_every), "
+        "forcing staler rollouts",
+    )
+    cmp.add_argument("--steps", type=int, metavar="N", help="run.total_steps of every arm")
+    cmp.add_argument(
+        "overrides", nargs="*", metavar="section.field=value", help="overrides for every arm"
+    )
 
 
 def _add_eval_parser(commands: Any) -> None:
@@ -125,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
     args.overrides = [*args.overrides, *extra]
-    return _train(args)
+    return _compare(args) if args.command == "compare" else _train(args)
 
 
 def _train(args: argparse.Namespace) -> int:
@@ -154,14 +217,55 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from saorl.report import report_run  # imports matplotlib only when it draws
+    from saorl.report import REPORT_FILE, report_run, report_runs  # matplotlib: when drawing
 
+    dirs = [Path(d) for d in args.run_dir]
+    out = None if args.out is None else Path(args.out)
     try:
-        png = report_run(Path(args.run_dir))
+        if len(dirs) > 1:
+            png = report_runs(dirs, out)
+        else:
+            if out is not None and out.suffix.lower() != ".png":
+                out = out / REPORT_FILE
+            png = report_run(dirs[0], out)
     except (FileNotFoundError, ValueError) as exc:
         print(f"saorl report: error: {exc}", file=sys.stderr)
         return 2
     print(png)
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    import csv
+
+    from saorl.compare import run_compare, split_arms
+
+    for flag, value in (("--push-every", args.push_every), ("--steps", args.steps)):
+        if value is not None and value < 1:
+            print(f"saorl compare: error: {flag} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    arms = split_arms(args.arms)
+    try:
+        index = run_compare(
+            None if args.config is None else Path(args.config),
+            args.overrides,
+            arms,
+            Path(args.out),
+            push_every=args.push_every,
+            steps=args.steps,
+        )
+    except ConfigError as exc:
+        print(f"saorl compare: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("saorl compare: interrupted (rerun the same command to continue)", file=sys.stderr)
+        return 130
+    print(index)
+    with (index.parent / "summary.csv").open(newline="", encoding="utf-8") as f:
+        failed = [row["arm"] for row in csv.DictReader(f) if row["status"] == "failed"]
+    if failed:
+        print(f"saorl compare: failed arms: {', '.join(failed)} (see {index})", file=sys.stderr)
+        return 1
     return 0
 
 

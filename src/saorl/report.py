@@ -4,19 +4,25 @@
 is left out, and missing keys or `null` values in a row are simply skipped. A resumed run
 appends to the same file, so the steps after the last checkpoint appear twice: per key, the
 last value logged for a step wins. `report_run(run_dir)` writes `run_dir/report.png`.
+
+`plot_compare(runs, out_png)` draws several runs on one grid, one colour per run, with each
+run's collapse step (`saorl.collapse.detect_collapse`) as a dotted vertical line;
+`report_runs(run_dirs, out)` is `saorl report A B ...`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saorl.collapse import detect_collapse, metric_series, trailing_mean
 from saorl.metrics import METRICS_FILE, read_metrics
 
 REPORT_FILE = "report.png"
+COMPARE_FILE = "compare.png"
 
 
 @dataclass(frozen=True)
@@ -27,6 +33,7 @@ class _Panel:
     smooth: bool = False  # add a moving average of the first key
     unit_range: bool = False  # a fraction of a whole: fix the y axis to [0, 1]
     from_zero: bool = False  # a non-negative quantity: start the y axis at 0
+    floor: float | None = None  # clip the bottom of the y axis (early outliers)
 
 
 _PANELS = (
@@ -56,39 +63,6 @@ _PANELS = (
 )
 
 
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of `key`, sorted by step; the last value logged for a step wins.
-
-    Rows without a numeric `step` are skipped, unless no row has one: then the row index is
-    the step.
-    """
-    has_step = any(_number(r.get("step")) is not None for r in rows)
-    by_step: dict[float, float] = {}
-    for i, row in enumerate(rows):
-        step = _number(row.get("step")) if has_step else float(i)
-        value = _number(row.get(key))
-        if step is not None and value is not None:
-            by_step[step] = value
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
-
-
-def _moving_average(values: list[float], window: int) -> list[float]:
-    out, total = [], 0.0
-    for i, v in enumerate(values):
-        total += v
-        if i >= window:
-            total -= values[i - window]
-        out.append(total / min(i + 1, window))
-    return out
-
-
 def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> Path:
     """Draw the run's curves into `out_png` (parent directories created); return its path."""
     import matplotlib
@@ -98,7 +72,7 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
 
     panels = []
     for panel in _PANELS:
-        lines = [(key, *_series(metrics, key)) for key in panel.keys]
+        lines = [(key, *metric_series(metrics, key)) for key in panel.keys]
         lines = [line for line in lines if line[1]]
         if lines:
             panels.append((panel, lines))
@@ -121,7 +95,7 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
             if panel.smooth and len(values) > 1:
                 ax.plot(steps, values, alpha=0.35, linewidth=1, label=key)
                 window = max(2, min(25, len(values) // 10))
-                ax.plot(steps, _moving_average(values, window), label=f"moving avg ({window})")
+                ax.plot(steps, trailing_mean(values, window), label=f"moving avg ({window})")
             elif panel.markers or len(values) == 1:
                 ax.plot(steps, values, marker="o", markersize=4, label=key)
             else:
@@ -144,13 +118,127 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
     return out_png
 
 
-def report_run(run_dir: Path) -> Path:
-    """Read `run_dir/metrics.jsonl`, write `run_dir/report.png`, return the PNG's path.
+def report_run(run_dir: Path, out_png: Path | None = None) -> Path:
+    """Read `run_dir/metrics.jsonl`, write `run_dir/report.png` (or `out_png`), return its path.
 
     Raises FileNotFoundError when the directory or its metrics file is missing and ValueError
     when the file holds no metrics rows.
     """
     run_dir = Path(run_dir)
+    out_png = run_dir / REPORT_FILE if out_png is None else Path(out_png)
+    return plot_run(_read_run(run_dir), out_png, title=run_dir.name)
+
+
+# One panel per question the comparison asks: does it learn (reward, held-out accuracy), how
+# much of the gradient is cut (DIS mask or PPO clip, whichever the arm logs), is the critic any
+# good, how stale is the data, does the policy stop exploring.
+_COMPARE_PANELS = (
+    _Panel("reward (moving avg of rollout/reward_mean)", ("rollout/reward_mean",), smooth=True),
+    _Panel("held-out accuracy (eval/accuracy)", ("eval/accuracy",), markers=True, unit_range=True),
+    _Panel(
+        "DIS masked (solid) / PPO clip (dashed) fraction",
+        ("dis/masked_frac", "ppo/clip_frac"),
+        from_zero=True,
+    ),
+    _Panel("value/explained_variance", ("value/explained_variance",), floor=-1.0),
+    _Panel("staleness (async/staleness_mean)", ("async/staleness_mean",), from_zero=True),
+    _Panel("policy entropy (policy/entropy)", ("policy/entropy",), from_zero=True),
+)
+_LINESTYLES = ("-", "--", "-.")
+
+
+def plot_compare(
+    runs: Mapping[str, Sequence[dict[str, Any]]],
+    out_png: Path,
+    title: str = "",
+    collapses: Mapping[str, dict[str, Any] | None] | None = None,
+) -> Path:
+    """Draw every run of `runs` (label -> metrics rows) on one grid into `out_png`.
+
+    Each run keeps one colour on every panel; per-step curves are lightly smoothed (a moving
+    average over up to 25 steps for the reward, 10 for the rest), evaluations are markers.
+    A run's collapse step (from `collapses`, or computed with `detect_collapse` when not given)
+    is a dotted vertical line in its colour, and the legend says at which step. Panels no run
+    logs are left out.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    if collapses is None:
+        collapses = {label: detect_collapse(rows) for label, rows in runs.items()}
+    cmap = matplotlib.colormaps["tab10" if len(runs) <= 10 else "tab20"]
+    colors = {label: cmap(i % cmap.N) for i, label in enumerate(runs)}
+
+    panels = []
+    for panel in _COMPARE_PANELS:
+        lines = [
+            (label, j, *metric_series(rows, key))
+            for label, rows in runs.items()
+            for j, key in enumerate(panel.keys)
+        ]
+        lines = [line for line in lines if line[2]]
+        if lines:
+            panels.append((panel, lines))
+
+    all_steps = [s for _, lines in panels for *_, steps, _ in lines for s in steps]
+    lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
+    ncols = min(3, max(1, len(panels)))
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + 0.9), layout="constrained")
+    if title:
+        fig.suptitle(title)
+    if not panels:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no plottable metrics", ha="center", va="center")
+    for i, (panel, lines) in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        for label, j, steps, values in lines:
+            style = {"color": colors[label], "linestyle": _LINESTYLES[j % len(_LINESTYLES)]}
+            if panel.smooth and len(values) > 1:
+                window = max(2, min(25, len(values) // 10))
+                ax.plot(steps, trailing_mean(values, window), linewidth=1.3, **style)
+            elif panel.markers or len(values) == 1:
+                ax.plot(steps, values, marker="o", markersize=3.5, **style)
+            else:
+                # Several noisy per-step curves on one axis are unreadable raw: a light
+                # moving average keeps the trend and still shows spikes.
+                window = max(1, min(10, len(values) // 50))
+                ax.plot(steps, trailing_mean(values, window), linewidth=1.1, **style)
+        for label in runs:
+            hit = collapses.get(label)
+            if hit is not None:
+                ax.axvline(hit["step"], color=colors[label], linestyle=":", linewidth=1.5)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        if panel.unit_range:
+            ax.set_ylim(-0.02, 1.02)
+        elif panel.from_zero and ax.get_ylim()[1] > 0:
+            ax.set_ylim(0, 1.05 * ax.get_ylim()[1])
+        elif panel.floor is not None and ax.get_ylim()[0] < panel.floor:
+            ax.set_ylim(bottom=panel.floor)
+        if lo < hi:
+            ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+
+    handles = []
+    for label in runs:
+        hit = collapses.get(label)
+        text = label if hit is None else f"{label} (collapse @ {hit['step']}: {hit['metric']})"
+        handles.append(Line2D([], [], color=colors[label], linewidth=2, label=text))
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)))
+
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    return out_png
+
+
+def _read_run(run_dir: Path) -> list[dict[str, Any]]:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory not found: {run_dir}")
     path = run_dir / METRICS_FILE
@@ -159,4 +247,34 @@ def report_run(run_dir: Path) -> Path:
     rows = read_metrics(path)
     if not rows:
         raise ValueError(f"{path} is empty: nothing to plot")
-    return plot_run(rows, run_dir / REPORT_FILE, title=run_dir.name)
+    return rows
+
+
+def run_labels(run_dirs: Sequence[Path]) -> list[str]:
+    """A short unique label per run directory: its name, or `parent/name` where names repeat."""
+    names = [Path(d).resolve().name for d in run_dirs]
+    labels = [
+        name if names.count(name) == 1 else f"{Path(d).resolve().parent.name}/{name}"
+        for d, name in zip(run_dirs, names, strict=True)
+    ]
+    return [
+        label if labels.count(label) == 1 else f"{label} ({i})" for i, label in enumerate(labels)
+    ]
+
+
+def report_runs(run_dirs: Sequence[Path], out: Path | None = None) -> Path:
+    """`saorl report A B ...`: one comparison PNG of several runs; return its path.
+
+    `out` is the PNG's path when it ends in `.png`, else a directory that gets `compare.png`;
+    by default `compare.png` goes next to the first run directory (its parent), where a
+    sweep's runs usually live side by side. Errors as `report_run`.
+    """
+    dirs = [Path(d) for d in run_dirs]
+    runs = {label: _read_run(d) for label, d in zip(run_labels(dirs), dirs, strict=True)}
+    if out is None:
+        png = dirs[0].resolve().parent / COMPARE_FILE
+    else:
+        out = Path(out)
+        png = out if out.suffix.lower() == ".png" else out / COMPARE_FILE
+    title = " vs ".join(runs) if len(runs) <= 4 else f"{len(runs)} runs"
+    return plot_compare(runs, png, title=title)
