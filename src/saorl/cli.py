@@ -87,6 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_compare_parser(commands)
     _add_eval_parser(commands)
+    vp = commands.add_parser(
+        "value-pretrain",
+        help="fit the critic on rollouts of the initial policy; save it for critic.init_from",
+        description="Roll out the initial policy (after the same warm-up as saorl train) on "
+        "training prompts, fit the critic on the outcomes, report held-out explained variance "
+        "and save the critic. Then: saorl train critic.init_from=OUT.",
+        allow_abbrev=False,
+    )
+    vp.add_argument("--config", metavar="FILE.toml")
+    vp.add_argument("--rollouts", type=int, default=1024, help="rollouts of the initial policy")
+    vp.add_argument("--epochs", type=int, default=3, help="passes over the training rollouts")
+    vp.add_argument("--out", default="runs/value_pretrain/critic.pt")
+    vp.add_argument("overrides", nargs="*", metavar="section.field=value")
     return parser
 
 
@@ -188,7 +201,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if flags:
         parser.error(f"unrecognized arguments: {' '.join(flags)}")
     args.overrides = [*args.overrides, *extra]
+    if args.command == "value-pretrain":
+        return _value_pretrain(args)
     return _compare(args) if args.command == "compare" else _train(args)
+
+
+def _value_pretrain(args: argparse.Namespace) -> int:
+    import json
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        from saorl.value_pretrain import value_pretrain  # imports torch
+
+        result = value_pretrain(cfg, Path(args.out), rollouts=args.rollouts, epochs=args.epochs)
+    except ConfigError as exc:
+        return _config_failure(exc)
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 def _train(args: argparse.Namespace) -> int:

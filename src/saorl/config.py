@@ -220,6 +220,11 @@ class CriticConfig(_Section):
     """The value model that replaces GRPO's group baseline."""
 
     lr: float = Field(5e-4, gt=0, description="critic AdamW learning rate; paper: 5e-6 (5x policy)")
+    init_from: str = Field(
+        "",
+        description="critic checkpoint written by `saorl value-pretrain`; '' = initialise "
+        "from the policy (paper: value pre-training corpus, section 3)",
+    )
     updates_per_step: int = Field(
         2, ge=1, description="critic optimizer steps per policy step; paper: K=2"
     )

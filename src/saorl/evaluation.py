@@ -36,13 +36,16 @@ def run_episodes(
     seed: int = 0,
     max_concurrent: int = 256,
     on_done: Any = None,
+    stop: tuple[str, ...] = (),
 ) -> list[Trajectory]:
-    """One episode per entry of `problems` with `model` itself (no copy); completion order."""
+    """One episode per entry of `problems` with `model` itself (no copy); completion order.
+
+    `stop` adds stop strings (`rollout.stop`) to the environment's own."""
     engine = HFEngine(model, tokenizer, max_seq_len=max_seq_len, temperature=temperature,
                       top_p=top_p, max_concurrent=max_concurrent, seed=seed,
                       copy_model=False)  # fmt: skip
     limits = AgentLimits(max_seq_len, max_new_tokens, spec.max_turns, spec.max_tool_calls,
-                         spec.stop, greedy=greedy)  # fmt: skip
+                         (*spec.stop, *stop), greedy=greedy)  # fmt: skip
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)
     results: list[Trajectory] = []
@@ -118,6 +121,7 @@ def evaluate_policy(
         "top_p": cfg.rollout.top_p,
         "max_concurrent": max(cfg.rollout.max_concurrent, 256),
         "seed": seed,
+        "stop": tuple(cfg.rollout.stop),
     }
     held = list(spec.task.held_out)
     greedy = run_episodes(model, tokenizer, spec, held, greedy=True, **common)

@@ -154,6 +154,19 @@ def _state(learner: Learner, feed_state: dict[str, Any], extra: dict) -> dict:
     }
 
 
+def _load_pretrained_critic(learner: Learner, path: str) -> None:
+    """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""
+    if not Path(path).is_file():
+        raise ConfigError(
+            f"critic.init_from: no file {path!r} (write one with saorl value-pretrain)"
+        )
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        learner.critic.load_state_dict(state["critic"])
+    except (KeyError, RuntimeError) as e:
+        raise ConfigError(f"critic.init_from: {path} does not fit this model: {e}") from e
+
+
 def _fresh_run_dir(output_dir: Path, name: str) -> Path:
     """`output_dir/name`, or `name-1`, `name-2`, ... if a run already lives there.
 
@@ -206,6 +219,8 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
         if state is None:
             if cfg.learner.sft_steps:
                 supervised_warmup(learner, tokenizer, spec, cfg, progress)
+            if cfg.critic.init_from:
+                _load_pretrained_critic(learner, cfg.critic.init_from)
             ev = evaluate(learner, tokenizer, spec, cfg)
             extra = {
                 "initial_eval_accuracy": ev["eval/accuracy"],
