@@ -26,11 +26,12 @@ from typing import Any
 import torch
 
 from saorl.checkpoint import load_latest_checkpoint, save_checkpoint
+from saorl.collapse import detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import EnvSpec, build_env
 from saorl.evaluation import evaluate_policy
 from saorl.learner import Learner
-from saorl.metrics import MetricsLogger, TrainProgress, truncate_metrics
+from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
 from saorl.rollout.agent import UNTRAINABLE
 from saorl.rollout.hf_engine import HFEngine
@@ -234,6 +235,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
                            log, progress)  # fmt: skip
     summary["wall_seconds"] = time.perf_counter() - t_start
     summary["run_dir"] = str(run_dir)
+    summary["collapse"] = detect_collapse(read_metrics(run_dir / "metrics.jsonl"))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     save_pretrained(learner.policy, tokenizer, run_dir / "final")
     _write_report(run_dir)
@@ -318,6 +320,8 @@ def _rl_loop(
 
                 "async/staleness_mean": sum(stale) / len(stale),
                 "async/staleness_max": max(stale),
+                **{f"async/staleness_frac_{k}": stale.count(k) / len(stale)
+                   for k in range(lc.max_staleness + 1)},  # histogram, one key per version
                 "async/dropped_stale": dropped_total,
                 "perf/learner_idle_frac": waited_total / elapsed,
                 "perf/rollout_idle_frac": rollout_idle,

@@ -63,8 +63,11 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
     rows = _metrics(run_dir)
     steps = [r for r in rows if "loss/value" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4]
+    assert "collapse" in summary  # the collapse detector's verdict (None: no collapse)
     for r in steps:
         assert r["async/staleness_max"] <= 1
+        hist = [r[f"async/staleness_frac_{k}"] for k in (0, 1)]  # max_staleness = 1
+        assert sum(hist) == pytest.approx(1.0)
         for k, v in r.items():
             # Only the critic warm-up step may leave the policy keys empty (null).
             if v is None:
