@@ -68,7 +68,6 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
     import matplotlib
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
 
     panels = []
     for panel in _PANELS:
@@ -80,15 +79,7 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
     # One step range for every panel, so that sparse evaluations line up with the rest.
     all_steps = [s for _, lines in panels for _, steps, _ in lines for s in steps]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
-    ncols = min(3, max(1, len(panels)))
-    nrows = max(1, math.ceil(len(panels) / ncols))
-    fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + 0.4), layout="constrained")
-    if title:
-        fig.suptitle(title)
-    if not panels:
-        ax = fig.add_subplot(1, 1, 1)
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no plottable metrics", ha="center", va="center")
+    fig, nrows, ncols = _grid(len(panels), title, extra_height=0.4)
     for i, (panel, lines) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         for key, steps, values in lines:
@@ -164,7 +155,6 @@ def plot_compare(
     import matplotlib
 
     matplotlib.use("Agg")
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     if collapses is None:
@@ -185,15 +175,7 @@ def plot_compare(
 
     all_steps = [s for _, lines in panels for *_, steps, _ in lines for s in steps]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
-    ncols = min(3, max(1, len(panels)))
-    nrows = max(1, math.ceil(len(panels) / ncols))
-    fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + 0.9), layout="constrained")
-    if title:
-        fig.suptitle(title)
-    if not panels:
-        ax = fig.add_subplot(1, 1, 1)
-        ax.axis("off")
-        ax.text(0.5, 0.5, "no plottable metrics", ha="center", va="center")
+    fig, nrows, ncols = _grid(len(panels), title, extra_height=0.9)
     for i, (panel, lines) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
         for label, j, steps, values in lines:
@@ -278,3 +260,19 @@ def report_runs(run_dirs: Sequence[Path], out: Path | None = None) -> Path:
         png = out if out.suffix.lower() == ".png" else out / COMPARE_FILE
     title = " vs ".join(runs) if len(runs) <= 4 else f"{len(runs)} runs"
     return plot_compare(runs, png, title=title)
+
+
+def _grid(n_panels: int, title: str, extra_height: float) -> tuple[Any, int, int]:
+    """A figure sized for `n_panels` panels, three to a row (a notice when there are none)."""
+    from matplotlib.figure import Figure
+
+    ncols = min(3, max(1, n_panels))
+    nrows = max(1, math.ceil(n_panels / ncols))
+    fig = Figure(figsize=(5.0 * ncols, 3.2 * nrows + extra_height), layout="constrained")
+    if title:
+        fig.suptitle(title)
+    if not n_panels:
+        ax = fig.add_subplot(1, 1, 1)
+        ax.axis("off")
+        ax.text(0.5, 0.5, "no plottable metrics", ha="center", va="center")
+    return fig, nrows, ncols

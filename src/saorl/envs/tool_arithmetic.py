@@ -21,8 +21,8 @@ import operator
 import random
 from collections.abc import Callable
 
-from saorl.envs.arithmetic import Problem
-from saorl.envs.base import Message, StepResult
+from saorl.envs.arithmetic import ArithmeticEnv, Problem
+from saorl.envs.base import StepResult
 from saorl.rollout.tools import ToolCallError, parse_tool_call
 
 TAG = "calc"
@@ -103,24 +103,15 @@ class ToolArithmeticTask:
         return [(problem.prompt, False), (problem.answer, True)]
 
 
-class ToolArithmeticEnv:
-    """Calculator calls get `<output>...</output>` back; a turn without a call is the answer."""
-
-    offload = False  # the calculator is instant
-
-    def __init__(self) -> None:
-        self.problem: Problem | None = None
-
-    async def reset(self, task: Problem) -> list[Message]:
-        self.problem = task
-        return [{"role": "user", "content": task.prompt}]
+class ToolArithmeticEnv(ArithmeticEnv):
+    """Calculator calls get `<output>...</output>` back; a turn without a call is the answer,
+    graded as in `ArithmeticEnv` (same prompt, same reset)."""
 
     async def step(self, action_text: str) -> StepResult:
         assert self.problem is not None, "step() before reset()"
         call = parse_tool_call(action_text, "code", tag=TAG)
         if call is None:
-            reward = 1.0 if action_text.strip() == self.problem.answer else 0.0
-            return StepResult(reward=reward, done=True)
+            return await super().step(action_text)
         result = (
             f"error: {call.message}"
             if isinstance(call, ToolCallError)
