@@ -34,7 +34,7 @@ from saorl.learner import Learner
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
 from saorl.rollout.agent import UNTRAINABLE
-from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.factory import build_engine
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 from saorl.sft import encode_segments, sft_step
 from saorl.types import Batch, Trajectory
@@ -256,13 +256,10 @@ def _rl_loop(
 ) -> dict[str, Any]:
     rc, lc, sync = cfg.rollout, cfg.learner, cfg.run.concurrency == "sync"
     engines = [
-        HFEngine(
+        build_engine(
+            cfg,
             learner.policy,
             tokenizer,
-            max_seq_len=cfg.model.max_seq_len,
-            temperature=rc.temperature,
-            top_p=rc.top_p,
-            max_concurrent=rc.max_concurrent,
             seed=cfg.run.seed + 1000 * i + learner.steps,
             version=learner.version,
         )

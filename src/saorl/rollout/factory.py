@@ -1,0 +1,40 @@
+"""`build_engine`: the one place that turns `rollout.engine` into an `Engine`.
+
+The training loop, evaluation and the Ray rollout actors all build their engines here, so a new
+backend is one branch of the `if/elif` below (DESIGN.md section 3, rule 3).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from saorl.config import Config
+from saorl.rollout.engine import Engine
+
+
+def build_engine(
+    cfg: Config,
+    policy: nn.Module,
+    tokenizer: Any,
+    *,
+    seed: int,
+    version: int = 0,
+) -> Engine:
+    """A rollout engine sampling from (a private copy of) `policy` at policy `version`."""
+    rc = cfg.rollout
+    if rc.engine == "hf":
+        from saorl.rollout.hf_engine import HFEngine
+
+        return HFEngine(
+            policy,
+            tokenizer,
+            max_seq_len=cfg.model.max_seq_len,
+            temperature=rc.temperature,
+            top_p=rc.top_p,
+            max_concurrent=rc.max_concurrent,
+            seed=seed,
+            version=version,
+        )
+    raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")
