@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from saorl.config import ConfigError
+from saorl.faults import kill_if_armed
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
@@ -27,13 +31,16 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
     """Write `state` atomically as the checkpoint of `step`; keep the newest `keep` files."""
     d = checkpoint_dir(run_dir)
     d.mkdir(parents=True, exist_ok=True)
+    kill_if_armed("checkpoint_start", step)
     final = d / f"step_{step:08d}.pt"
     tmp = d / f".step_{step:08d}.pt.tmp.{os.getpid()}"
     try:
         with open(tmp, "wb") as f:
             torch.save(state, f)
+            kill_if_armed("checkpoint_partial", step, torn=f)
             f.flush()
             os.fsync(f.fileno())
+        kill_if_armed("checkpoint_rename", step)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
@@ -43,6 +50,7 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+    kill_if_armed("checkpoint_cleanup", step)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         old.unlink(missing_ok=True)
     return final
@@ -57,9 +65,20 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
-def load_latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
-    """Load the newest checkpoint that reads back; fall back to older ones if it does not."""
+class CheckpointError(ConfigError):
+    """No checkpoint of the run can be loaded (reported as a bad input, exit code 2)."""
+
+
+def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Load the newest checkpoint that reads back; fall back to older ones if it does not.
+
+    With `quarantine`, a damaged newer file is renamed `step_X.pt.damaged` (kept for a post
+    mortem, never overwritten by the resumed run) and a warning names it.
+    """
     ckpts = list_checkpoints(run_dir)
+    if quarantine:  # temporary files of a process killed mid-write are never checkpoints
+        for tmp in checkpoint_dir(run_dir).glob(".step_*.pt.tmp.*"):
+            tmp.unlink(missing_ok=True)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume")
     errors = []
@@ -68,11 +87,15 @@ def load_latest_checkpoint(run_dir: Path) -> tuple[Path, dict[str, Any]]:
             state = torch.load(path, map_location="cpu", weights_only=False)
         except Exception as e:  # a damaged file: say so and try the previous one
             errors.append(f"{path.name}: {type(e).__name__}: {e}")
-            continue
-        if not isinstance(state, dict) or "step" not in state:
+            state = None
+        if state is not None and not (isinstance(state, dict) and "step" in state):
             errors.append(f"{path.name}: not a saorl checkpoint")
-            continue
-        return path, state
-    raise RuntimeError(
+            state = None
+        if state is not None:
+            return path, state
+        if quarantine:
+            path.rename(path.with_name(path.name + ".damaged"))
+            print(f"saorl: {errors[-1]}; kept as {path.name}.damaged", file=sys.stderr)
+    raise CheckpointError(
         f"no loadable checkpoint in {checkpoint_dir(run_dir)}:\n  " + "\n  ".join(errors)
     )

@@ -10,7 +10,8 @@ Nothing heavy is imported at module level: `saorl --help`, `saorl train --help`,
 `--print-config` and `--help-config` never import torch; the training loop is imported only
 when a run starts; `saorl report` imports matplotlib only when it draws. Exit codes: 0 success,
 1 `saorl compare` finished but some arm failed (the report still lists it), 2 bad command line,
-config or run directory (message on stderr, no traceback), 130 interrupted.
+config, input file or run directory (message on stderr, no traceback), 3 training stopped
+because too many steps in a row had a NaN/Inf gradient, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ examples:
   saorl train --config examples/sao.toml learner.lr=1e-5 run.name=exp1
   saorl train algorithm.eps_low=0.8 algorithm.eps_high=3.0 --print-config
   saorl train --resume runs/exp1                # continue; reads runs/exp1/config.toml
+  saorl train --ray                             # learner and rollout workers as Ray actors
+  saorl train --ray-address auto --config examples/cluster_qwen3_30b_a3b.toml   # a cluster
 """
 
 
@@ -65,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR (its config.toml is the base config unless --config)",
+    )
+    train.add_argument(
+        "--ray",
+        action="store_true",
+        help="run the learner and the rollout workers as Ray actors on a local Ray "
+        "(ray.enabled=true; needs the 'ray' extra)",
+    )
+    train.add_argument(
+        "--ray-address",
+        metavar="auto|HOST:PORT",
+        help="join a running Ray cluster (ray start --head) instead; implies --ray",
     )
     train.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="config overrides"
@@ -163,7 +177,9 @@ def _add_eval_parser(commands: Any) -> None:
         allow_abbrev=False,
     )
     ev.add_argument("model", metavar="MODEL")
-    ev.add_argument("--env", default="math", choices=["math", "arithmetic", "tool_arithmetic"])
+    ev.add_argument(
+        "--env", default="math", choices=["math", "arithmetic", "tool_arithmetic", "swe"]
+    )
     ev.add_argument("--dataset", default="aime25", help="preset name or .jsonl/.parquet path")
     ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
     ev.add_argument("--no-tool", action="store_true", help="math without the Python tool")
@@ -183,6 +199,12 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--api-key", default=None)
     ev.add_argument("--seed", type=int, default=0)
     ev.add_argument("--out", default=None, help="per-problem JSONL (default evals/NAME.jsonl)")
+    ev.add_argument(
+        "--swe-tasks",
+        default="",
+        help="--env swe: a SWE-bench-format .jsonl (default: generated tasks, env.seed 1234)",
+    )
+    ev.add_argument("--swe-repos-root", default="", help="--env swe: the repository checkouts")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -225,24 +247,35 @@ def _train(args: argparse.Namespace) -> int:
         print(describe_config())
         return 0
     try:
-        cfg = _resolve_config(args.config, args.resume, args.overrides)
+        cfg = _resolve_config(args.config, args.resume, [*args.overrides, *_ray_overrides(args)])
     except ConfigError as exc:
         return _config_failure(exc)
     if args.print_config:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
+    from saorl.learner import NonFiniteError
     from saorl.loop import train_from_config  # imports torch: only when a run starts
 
     try:
         summary = train_from_config(cfg, resume=args.resume)
     except ConfigError as exc:
         return _config_failure(exc)
+    except NonFiniteError as exc:
+        print(f"saorl train: stopped: {exc}", file=sys.stderr)
+        return 3
     except KeyboardInterrupt:
         print("saorl train: interrupted", file=sys.stderr)
         return 130
     _print_summary(cfg, summary or {})
     return 0
+
+
+def _ray_overrides(args: argparse.Namespace) -> list[str]:
+    """`--ray` / `--ray-address` as config overrides (they win over --config)."""
+    if args.ray_address:
+        return ["ray.enabled=true", f"ray.address={args.ray_address}"]
+    return ["ray.enabled=true"] if args.ray else []
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -308,7 +341,8 @@ def _eval(args: argparse.Namespace) -> int:
             name=args.env,
             dataset=args.dataset,
             eval_dataset=args.dataset,
-            eval_size=args.limit or 10**9,
+            # generated coding tasks are made on demand: 32 unless --limit, not "all"
+            eval_size=args.limit or (32 if args.env == "swe" and not args.swe_tasks else 10**9),
             use_tool=not args.no_tool,
             tool_format=args.tool_format,
             max_turns=args.max_turns,
@@ -317,6 +351,7 @@ def _eval(args: argparse.Namespace) -> int:
             answer_key=args.answer_key,
             answer_extractor=args.answer_extractor,
             data_root=args.data_root,
+            **_swe_eval_fields(args),
         )
         from saorl.evaluation import run_eval  # imports torch
 
@@ -330,6 +365,9 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
     name = Path(args.dataset).stem if args.env == "math" else args.env
+    if args.env == "swe":  # the SWE-bench name for the success rate
+        name = Path(args.swe_tasks).stem if args.swe_tasks else "swe_generated"
+        summary = {"resolved_rate": summary["accuracy"], **summary}
     out = Path(args.out or f"evals/{name}.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -345,6 +383,18 @@ def _eval(args: argparse.Namespace) -> int:
     Console().print(table)
     print(f"per-problem results: {out}")
     return 0
+
+
+def _swe_eval_fields(args: argparse.Namespace) -> dict[str, Any]:
+    """EnvConfig fields of `saorl eval --env swe`: generated tasks unless --swe-tasks."""
+    if args.env != "swe":
+        return {}
+    return {
+        "swe_source": "swebench" if args.swe_tasks else "generated",
+        "swe_tasks": args.swe_tasks,
+        "swe_repos_root": args.swe_repos_root,
+        "swe_num_tasks": 1,  # generation makes held-out tasks only (one training task)
+    }
 
 
 def _resolve_config(

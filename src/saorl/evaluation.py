@@ -45,7 +45,8 @@ def run_episodes(
                       top_p=top_p, max_concurrent=max_concurrent, seed=seed,
                       copy_model=False)  # fmt: skip
     limits = AgentLimits(max_seq_len, max_new_tokens, spec.max_turns, spec.max_tool_calls,
-                         (*spec.stop, *stop), greedy=greedy)  # fmt: skip
+                         (*spec.stop, *stop), greedy=greedy,
+                         env_timeout_s=spec.step_timeout_s)  # fmt: skip
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)
     results: list[Trajectory] = []

@@ -10,16 +10,22 @@
 
 With `run.concurrency = "sync"` the same pieces run one after another (generate a batch, then
 train): the baseline that asynchrony is measured against.
+
+With `ray.enabled` (`saorl train --ray`) this loop runs unchanged in the driver while the
+learner and the rollout workers are Ray actors behind proxies with the same methods
+(`saorl.distributed.ray_driver`); `_on_learner` runs what needs the weights where they live.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import queue
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +34,17 @@ import torch
 from saorl.checkpoint import load_latest_checkpoint, save_checkpoint
 from saorl.collapse import detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.distributed.fsdp import LeaderLearner, torchrun_learner
+from saorl.distributed.ray_driver import RayLearner  # imports no ray until one is built
 from saorl.envs.factory import EnvSpec, build_env
 from saorl.evaluation import evaluate_policy
 from saorl.learner import Learner
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.models.loading import load_policy, resolve_device, save_pretrained
+from saorl.resume import restore_rollouts, snapshot_rollouts
 from saorl.rollout.agent import UNTRAINABLE
 from saorl.rollout.factory import build_engine
-from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
+from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker, lognormal_lengths
 from saorl.sft import encode_segments, sft_step
 from saorl.types import Batch, Trajectory
 
@@ -47,7 +56,7 @@ def evaluate(learner: Learner, tokenizer: Any, spec: EnvSpec, cfg: Config) -> di
 
 
 def supervised_warmup(
-    learner: Learner, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress
+    learner: Learner, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
 ) -> None:
     lc = cfg.learner
     if spec.demo is None:
@@ -62,13 +71,14 @@ def supervised_warmup(
         opt, lambda i: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / max(lc.sft_steps, 1)))
     )
     rng = random.Random(cfg.run.seed + 1)
-    bar = progress.phase("supervised warm-up", lc.sft_steps)
+    bar = progress.phase("supervised warm-up", lc.sft_steps) if progress else None
     for _ in range(lc.sft_steps):
         probs = [spec.task.sample(rng) for _ in range(lc.sft_batch_size)]
         demos = encode_segments(tokenizer, [spec.demo(p, rng) for p in probs])
         sft_step(learner.policy, opt, demos)
         sched.step()
-        bar.advance()
+        if bar:
+            bar.advance()
     # The critic starts from the policy it will judge (DESIGN.md: initialised from the policy).
     learner.reset_critic_from_policy()
 
@@ -89,18 +99,59 @@ class BatchCollector:
         self.group_size, self.sync = group_size, sync
         self.partial: dict[int, list[Trajectory]] = {}
         self.first_done: dict[int, float] = {}
+        self.failed = 0  # rollouts ended by an environment error or an abort (not trained)
+        self.respawn: Callable[[int], Any] | None = None  # builds worker i anew after a crash
+        self.max_restarts, self.restarts = 0, 0
+        self.too_long = 0  # prompts that filled the context before any token was generated
+        self._too_long_streak = 0
 
     def _next(self) -> Trajectory | None:
         for w in self.workers:
             if self.sync:  # synchronous mode: the learner is idle for as long as generation runs
-                w.fill()
-                w.step()
+                try:
+                    w.fill()
+                    w.step()
+                except Exception as e:  # handled like a worker thread's crash, just below
+                    w.error = e
+        for i, w in enumerate(self.workers):
             if w.error is not None:
-                raise RuntimeError(f"{w.name} failed: {w.error}") from w.error
+                self._restart(i, w)
         try:
             return self.out.get(timeout=0.0 if self.sync else 1.0)
         except queue.Empty:
             return None
+
+    def _restart(self, i: int, dead: Any) -> None:
+        """Replace a worker whose thread (or actor) died: its episodes are re-issued to the new
+        one, which samples from the current weights; past `run.max_worker_restarts`, fail."""
+        if self.respawn is None or self.restarts >= self.max_restarts:
+            raise RuntimeError(
+                f"{dead.name} failed ({self.restarts} restarts so far, run.max_worker_restarts="
+                f"{self.max_restarts}): {type(dead.error).__name__}: {dead.error}"
+            ) from dead.error
+        self.restarts += 1
+        print(f"saorl: {dead.name} failed ({type(dead.error).__name__}: {dead.error}); "
+              f"restarting it ({self.restarts}/{self.max_restarts})", file=sys.stderr)  # fmt: skip
+        dead.stop_thread()
+        self.feed.reissue(dead.in_flight())
+        self.workers[i] = self.respawn(i)
+        if not self.sync:
+            self.workers[i].start()
+
+    def _check_prompt_length(self, traj: Trajectory, n: int) -> None:
+        """Count prompts longer than the context (trained as empty rollouts: no gradient); a long
+        run of nothing else means the data does not fit the model, which is an input error."""
+        if traj.stop_reason != "context" or traj.completion_ids:
+            self._too_long_streak = 0
+            return
+        self.too_long += 1
+        self._too_long_streak += 1
+        if self._too_long_streak >= max(4 * n, 64):
+            raise ConfigError(
+                f"the last {self._too_long_streak} prompts were all longer than the context "
+                f"({traj.info.get('error', '')}): raise model.max_seq_len or drop long problems "
+                "from the dataset"
+            )
 
     def _drop(self, count: int) -> None:
         for _ in range(count):
@@ -118,6 +169,7 @@ class BatchCollector:
             waited += time.perf_counter() - t0
             if traj is None:
                 continue
+            self._check_prompt_length(traj, n)
             members = [traj]
             if self.group_size > 1:
                 g = traj.group_id
@@ -128,6 +180,7 @@ class BatchCollector:
                 members = self.partial.pop(g)
                 group_waits.append(time.perf_counter() - self.first_done.pop(g))
             if any(t.stop_reason in UNTRAINABLE for t in members):
+                self.failed += sum(t.stop_reason in UNTRAINABLE for t in members)
                 self._drop(len(members))  # infrastructure failure: says nothing about the policy
                 continue
             if max(t.staleness(version) for t in members) > max_staleness:
@@ -139,20 +192,8 @@ class BatchCollector:
 
 
 def _state(learner: Learner, feed_state: dict[str, Any], extra: dict) -> dict:
-    return {
-        "step": learner.steps,
-        "version": learner.version,
-        "policy": learner.policy.state_dict(),
-        "critic": learner.critic.state_dict(),
-        "policy_opt": learner.policy_opt.state_dict(),
-        "policy_sched": learner.policy_sched.state_dict(),
-        "critic_opt": learner.critic_opt.state_dict(),
-        "skipped_steps": learner.skipped_steps,
-        "torch_rng": torch.get_rng_state(),
-        "baseline": learner.baseline.state_dict(),
-        **feed_state,
-        **extra,
-    }
+    # learner.state_dict(): weights, optimizers and counters (gathered from the ranks under FSDP)
+    return {**learner.state_dict(), "torch_rng": torch.get_rng_state(), **feed_state, **extra}
 
 
 def _load_pretrained_critic(learner: Learner, path: str) -> None:
@@ -166,6 +207,44 @@ def _load_pretrained_critic(learner: Learner, path: str) -> None:
         learner.critic.load_state_dict(state["critic"])
     except (KeyError, RuntimeError) as e:
         raise ConfigError(f"critic.init_from: {path} does not fit this model: {e}") from e
+
+
+def _make_learner(cfg: Config) -> tuple[Learner | RayLearner | LeaderLearner | None, Any]:
+    """`(learner, tokenizer)`: here, or with `ray.enabled` the proxy of a Ray learner actor."""
+    if cfg.ray.enabled:
+        learner = RayLearner(cfg)
+        return learner, learner.tokenizer
+    policy, tokenizer = load_policy(cfg.model)
+    if cfg.learner.fsdp and "LOCAL_RANK" in os.environ:  # under torchrun: FSDP2 over its ranks
+        return torchrun_learner(cfg, policy, resolve_device(cfg.model.device)), tokenizer
+    return Learner(cfg, policy, resolve_device(cfg.model.device)), tokenizer
+
+
+def _on_learner(learner: Learner | RayLearner, fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(learner, *args)` where the learner lives: this process or its Ray actor."""
+    return learner.call(fn, *args) if isinstance(learner, RayLearner) else fn(learner, *args)
+
+
+def _checkpoint(learner: Learner, run_dir: Path, feed_state: dict[str, Any], extra: dict) -> None:
+    save_checkpoint(run_dir, learner.steps, _state(learner, feed_state, extra))
+
+
+def _restore(learner: Learner, state: dict[str, Any]) -> None:
+    learner.load_state(state)
+    torch.set_rng_state(state["torch_rng"])
+
+
+def _export(learner: Learner, tokenizer: Any, path: Path) -> None:
+    save_pretrained(learner.policy, tokenizer, path)
+
+
+def _push_weights(learner: Learner | RayLearner, workers: list[Any]) -> None:
+    """The learner's new weights into every engine; a partial rollout continues under them."""
+    if isinstance(learner, RayLearner):
+        return learner.push_weights()  # object store or broadcast group (ray.weight_sync)
+    state = learner.policy_state()
+    for w in workers:
+        w.engine.update_weights(state, learner.version)
 
 
 def _fresh_run_dir(output_dir: Path, name: str) -> Path:
@@ -189,26 +268,35 @@ def _fresh_run_dir(output_dir: Path, name: str) -> Path:
 
 
 def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
-    run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
-    device = resolve_device(cfg.model.device)
-    policy, tokenizer = load_policy(cfg.model)
+    learner, tokenizer = _make_learner(cfg)
+    if learner is None:  # an FSDP rank > 0: it followed rank 0's learner calls to the end
+        return {}
+    try:
+        return _train(cfg, learner, tokenizer, resume)
+    finally:
+        if isinstance(learner, RayLearner | LeaderLearner):
+            learner.close()
+
+
+def _train(
+    cfg: Config, learner: Learner | RayLearner, tokenizer: Any, resume: str | None
+) -> dict[str, Any]:
+    run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
+    run_dir.mkdir(parents=True, exist_ok=True)
     spec = build_env(cfg.env)
-    learner = Learner(cfg, policy, device)
     prompt_rng = random.Random(cfg.run.seed)
     started, extra = 0, {}
     (run_dir / "config.toml").write_text(config_to_toml(cfg))
     state = None
     if resume:
         try:
-            state = load_latest_checkpoint(run_dir)[1]
+            state = load_latest_checkpoint(run_dir, quarantine=True)[1]
         except FileNotFoundError as e:
             raise ConfigError(f"--resume: {e}") from e
     if state is not None:
-        learner.load_state(state)
-        torch.set_rng_state(state["torch_rng"])
+        _on_learner(learner, _restore, state)
         prompt_rng.setstate(state["prompt_rng"])
         started = state["data_position"]
         extra = {k: v for k, v in state.items() if k.startswith("initial_eval")}
@@ -219,32 +307,33 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     with progress, MetricsLogger(run_dir) as log:
         if state is None:
             if cfg.learner.sft_steps:
-                supervised_warmup(learner, tokenizer, spec, cfg, progress)
+                bar = None if isinstance(learner, RayLearner) else progress  # display: here
+                _on_learner(learner, supervised_warmup, tokenizer, spec, cfg, bar)
             if cfg.critic.init_from:
-                _load_pretrained_critic(learner, cfg.critic.init_from)
-            ev = evaluate(learner, tokenizer, spec, cfg)
+                _on_learner(learner, _load_pretrained_critic, cfg.critic.init_from)
+            ev = _on_learner(learner, evaluate, tokenizer, spec, cfg)
             extra = {
                 "initial_eval_accuracy": ev["eval/accuracy"],
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
             }
             log.log({"step": 0, **ev})
             feed0 = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
-            save_checkpoint(run_dir, 0, _state(learner, feed0, extra))
+            _on_learner(learner, _checkpoint, run_dir, feed0, extra)
         t_start = time.perf_counter()
         summary = _rl_loop(cfg, learner, tokenizer, spec, prompt_rng, started, extra, run_dir,
-                           log, progress)  # fmt: skip
+                           log, progress, resumed=state)  # fmt: skip
     summary["wall_seconds"] = time.perf_counter() - t_start
     summary["run_dir"] = str(run_dir)
     summary["collapse"] = detect_collapse(read_metrics(run_dir / "metrics.jsonl"))
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    save_pretrained(learner.policy, tokenizer, run_dir / "final")
+    _on_learner(learner, _export, tokenizer, run_dir / "final")
     _write_report(run_dir)
     return summary
 
 
 def _rl_loop(
     cfg: Config,
-    learner: Learner,
+    learner: Learner | RayLearner,
     tokenizer: Any,
     spec: EnvSpec,
     prompt_rng: random.Random,
@@ -253,18 +342,9 @@ def _rl_loop(
     run_dir: Path,
     log: MetricsLogger,
     progress: TrainProgress,
+    resumed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     rc, lc, sync = cfg.rollout, cfg.learner, cfg.run.concurrency == "sync"
-    engines = [
-        build_engine(
-            cfg,
-            learner.policy,
-            tokenizer,
-            seed=cfg.run.seed + 1000 * i + learner.steps,
-            version=learner.version,
-        )
-        for i in range(rc.num_workers)
-    ]
     # Synchronous mode admits exactly the batch being collected: nothing generates in the
     # background, so every trajectory is sampled by the policy it trains.
     lookahead = 0 if sync else lc.max_staleness
@@ -273,19 +353,39 @@ def _rl_loop(
                       group_size=group_size)  # fmt: skip
     out: queue.Queue[Trajectory] = queue.Queue()
     limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, spec.max_turns,
-                         spec.max_tool_calls, (*spec.stop, *rc.stop))  # fmt: skip
-    workers = [
-        RolloutWorker(e, feed, tokenizer, out, spec.make_env, limits, name=f"rollout-{i}")
-        for i, e in enumerate(engines)
-    ]
+                         spec.max_tool_calls, (*spec.stop, *rc.stop),
+                         env_timeout_s=spec.step_timeout_s)  # fmt: skip
+    if rc.forced_length == "lognormal":  # benchmarks: long-tailed lengths, same in every mode
+        limits.forced_length = lognormal_lengths(
+            rc.forced_length_median, rc.forced_length_sigma, cfg.run.seed + 7
+        )
+    seeds = [cfg.run.seed + 1000 * i + learner.steps for i in range(rc.num_workers)]
+    if isinstance(learner, RayLearner):  # rollout actors fed by this process's PromptFeed
+        workers: list[Any] = learner.rollout_workers(feed, out, limits, seeds)
+    else:
+
+        def _worker(i: int, seed: int) -> RolloutWorker:
+            engine = build_engine(cfg, learner.policy, tokenizer, seed=seed,
+                                  version=learner.version)  # fmt: skip
+            return RolloutWorker(engine, feed, tokenizer, out, spec.make_env, limits,
+                                 name=f"rollout-{i}")  # fmt: skip
+
+        workers = [_worker(i, s) for i, s in enumerate(seeds)]
     collector = BatchCollector(workers, feed, out, group_size, sync)
+    collector.max_restarts = cfg.run.max_worker_restarts
+    if isinstance(learner, RayLearner):
+        collector.respawn = learner.respawn  # a new rollout actor (object-store weight sync)
+    else:
+        collector.respawn = lambda i: _worker(i, seeds[i] + 7919 * (collector.restarts + 1))
+    if resumed is not None:  # finished-but-untrained trajectories back, in-flight re-issued
+        restore_rollouts(resumed, workers, feed, out)
     if not sync:
         for w in workers:
             w.start()
     t0 = time.perf_counter()
     waited_total, dropped_total, last_eval = 0.0, 0, None
     metrics: dict[str, Any] = {}
-    tok0 = sum(e.tokens_generated for e in engines)
+    tok0 = sum(w.engine.tokens_generated for w in workers)
     try:
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
@@ -301,9 +401,7 @@ def _rl_loop(
             t_learn = time.perf_counter()
             metrics = learner.step(batch)
             if learner.version != version_before and learner.version % lc.push_every == 0:
-                state = learner.policy_state()
-                for e in engines:
-                    e.update_weights(state, learner.version)
+                _push_weights(learner, workers)
             now = time.perf_counter()
             if sync:  # nothing generates while the learner trains
                 for w in workers:
@@ -320,10 +418,13 @@ def _rl_loop(
                 **{f"async/staleness_frac_{k}": stale.count(k) / len(stale)
                    for k in range(lc.max_staleness + 1)},  # histogram, one key per version
                 "async/dropped_stale": dropped_total,
+                "rollout/failed": collector.failed,
+                "rollout/worker_restarts": collector.restarts,
+                "rollout/prompt_too_long": collector.too_long,
                 "perf/learner_idle_frac": waited_total / elapsed,
                 "perf/rollout_idle_frac": rollout_idle,
-                "perf/rollout_tokens_per_s": (sum(e.tokens_generated for e in engines) - tok0)
-                / elapsed,
+                "perf/rollout_tokens_per_s":
+                    (sum(w.engine.tokens_generated for w in workers) - tok0) / elapsed,
                 "perf/step_s": now - t_step,
                 "time/wall_s": now - t0,
             })  # fmt: skip
@@ -334,12 +435,15 @@ def _rl_loop(
                 metrics["rollout/tool_calls_mean"] = sum(calls) / len(calls)
             ev = cfg.run.eval_every
             if learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0):
-                last_eval = evaluate(learner, tokenizer, spec, cfg)
+                last_eval = _on_learner(learner, evaluate, tokenizer, spec, cfg)
                 metrics.update(last_eval)
+            # The metrics row goes first: a kill between the two leaves a row past the newest
+            # checkpoint, which resume truncates and redoes; the other order would lose it.
+            log.log(metrics)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
-                save_checkpoint(run_dir, learner.steps, _state(learner, feed.state(), extra))
-            log.log(metrics)
+                snap = snapshot_rollouts(workers, feed, out, collector.partial)
+                _on_learner(learner, _checkpoint, run_dir, snap, extra)
             progress.update(learner.steps, metrics)
     finally:
         for w in workers:

@@ -302,3 +302,39 @@ def _explained_variance(values: Tensor, returns: Tensor, m: Tensor) -> float:
     if var_r < 1e-12:
         return 0.0
     return 1.0 - float((r - values[m].double()).var(unbiased=False)) / var_r
+
+
+@torch.no_grad()
+def logprob_mismatch(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+    """How far the engine's recorded log-probs are from the learner's, on the tokens in ``mask``.
+
+    DIS weighs every token by ``r_t = exp(logp_t - rollout_logp_t)`` (paper Eq. 2), so any
+    disagreement between the two computations of the *same* policy (kernels, precision, batch
+    shape) shows up in ``r_t`` as if it were staleness. With ``d_t = logp_t - rollout_logp_t``
+    over the ``n`` tokens of ``mask`` (meant to be those sampled by the policy the learner
+    holds, so that ``d_t`` is pure mismatch)::
+
+        mismatch/k3                    = (1/n) * sum_t (exp(d_t) - 1 - d_t)
+        mismatch/max_abs_logprob_diff  = max_t |d_t|
+        mismatch/tokens                = n
+
+    ``k3`` is the non-negative, unbiased estimator of ``KL(engine || learner)`` from tokens
+    sampled by the engine (Schulman's k3); both are 0 when the two agree exactly and when
+    ``mask`` is empty.
+
+    Args:
+        logprobs: ``(B, T)`` learner log-probs of the sampled tokens.
+        rollout_logprobs: ``(B, T)`` the engine's recorded log-probs of the same tokens.
+        mask: ``(B, T)``, nonzero on the tokens to compare.
+    """
+    _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs)
+    m = mask.bool()
+    n = int(m.sum())
+    if n == 0:
+        return {"mismatch/k3": 0.0, "mismatch/max_abs_logprob_diff": 0.0, "mismatch/tokens": 0.0}
+    d = (logprobs.float() - rollout_logprobs.float())[m]
+    return {
+        "mismatch/k3": float((d.exp() - 1 - d).mean()),
+        "mismatch/max_abs_logprob_diff": float(d.abs().max()),
+        "mismatch/tokens": float(n),
+    }

@@ -33,11 +33,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
+from saorl.config import ConfigError
+
 AnswerExtractor = Literal["gsm8k"] | Callable[[str], str] | None
 
 
-class DatasetError(ValueError):
-    """A dataset file that does not fit the requested field mapping or format."""
+class DatasetError(ConfigError):
+    """A dataset file that does not fit the requested field mapping or format.
+
+    A `ConfigError`: the command line reports it as a bad input (exit code 2, no traceback)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +52,14 @@ class MathProblem:
     answer: str
     key: str
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The read-only view of the row does not pickle; checkpoints keep in-flight problems.
+        return (_rebuild_problem, (self.prompt, self.answer, self.key, dict(self.raw)))
+
+
+def _rebuild_problem(prompt: str, answer: str, key: str, raw: dict[str, Any]) -> MathProblem:
+    return MathProblem(prompt, answer, key, MappingProxyType(raw))
 
 
 def gsm8k_final_answer(text: str) -> str:
@@ -74,6 +86,25 @@ def _display_name(path: Path) -> str:
 
 
 def _iter_json(path: Path, name: str) -> Iterator[tuple[int, Any]]:
+    try:
+        yield from _iter_json_text(path, name)
+    except UnicodeDecodeError as exc:
+        with path.open("rb") as f:
+            bad = next((n for n, raw in enumerate(f, 1) if not _is_utf8(raw)), "?")
+        raise DatasetError(
+            f"{name} line {bad}: not UTF-8 text ({exc.reason}); re-encode the file as UTF-8"
+        ) from exc
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _iter_json_text(path: Path, name: str) -> Iterator[tuple[int, Any]]:
     with path.open(encoding="utf-8") as f:
         is_array = path.suffix == ".json" and f.read(4096).lstrip().startswith("[")
         f.seek(0)

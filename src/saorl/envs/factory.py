@@ -26,6 +26,7 @@ class EnvSpec:
     max_tool_calls: int
     stop: tuple[str, ...]
     demo: Callable[[Any, random.Random], Segments] | None = None
+    step_timeout_s: float = 600.0  # env.step_timeout_s
 
 
 class DatasetTask:
@@ -55,6 +56,12 @@ def _load(cfg: EnvConfig, name_or_path: str) -> list[Any]:
 
 
 def build_env(cfg: EnvConfig) -> EnvSpec:
+    spec = _build_env(cfg)
+    spec.step_timeout_s = cfg.step_timeout_s
+    return spec
+
+
+def _build_env(cfg: EnvConfig) -> EnvSpec:
     if cfg.name == "arithmetic":
         from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 
@@ -95,4 +102,8 @@ def build_env(cfg: EnvConfig) -> EnvSpec:
             max_tool_calls=cfg.max_tool_calls if cfg.use_tool else 0,
             stop=tuple(stop_strings(cfg.tool_format)) if cfg.use_tool else (),
         )
+    elif cfg.name == "swe":
+        from saorl.envs.swe.spec import build_swe_spec
+
+        return build_swe_spec(cfg)
     raise ConfigError(f"env.name: unknown environment {cfg.name!r}")

@@ -3,7 +3,8 @@
 The critic is initialised from the policy weights (a copy of the policy's base model) with a
 zero-initialised value head, so at the start every value is 0 and the first value-loss gradients
 flow only into the head. Frozen attention (paper section 3.2) keeps every parameter of every
-module whose class name ends in `Attention` fixed during RL.
+module whose class name ends in `Attention` fixed during RL. `forward(..., packed=True)` runs the
+rows as one packed row without padding (`saorl.models.packing`), with the same `(B, T)` result.
 """
 
 from __future__ import annotations
@@ -12,6 +13,9 @@ import copy
 
 import torch
 from torch import nn
+
+from saorl.models.logprobs import backbone_hidden
+from saorl.models.packing import pack_rows
 
 
 class Critic(nn.Module):
@@ -30,11 +34,18 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        v = self.value_head(hidden).squeeze(-1).float()  # (B, T): value of the state after t
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+    ) -> torch.Tensor:
+        if packed:
+            pk = pack_rows(input_ids, attention_mask)
+            hidden = backbone_hidden(self.backbone, pk.input_ids, None, pk.position_ids)
+        else:
+            hidden = backbone_hidden(self.backbone, input_ids, attention_mask)
+        v = self.value_head(hidden).squeeze(-1).float()  # value of the state after each token
         # Shift right by one: values[:, t] = head(hidden[:, t-1]).
-        return torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
+        v = torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
+        return pk.unpack(v) if packed else v
 
 
 def freeze_attention(module: nn.Module) -> list[str]:

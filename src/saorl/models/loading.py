@@ -59,7 +59,7 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
         kind = cfg.name_or_path[len(BUILTIN_PREFIX) :]
         if kind != "tiny":
             raise ConfigError(f"model.name_or_path: unknown built-in {kind!r}; allowed: 'tiny'")
-        tokenizer = build_char_tokenizer()
+        tokenizer = build_char_tokenizer(with_newlines=cfg.builtin_newlines)
         model = build_tiny_model(cfg, tokenizer)
     else:
         path = Path(cfg.name_or_path).expanduser()
@@ -70,21 +70,46 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
             )
         if not (path / "config.json").exists():
             raise ConfigError(f"model.name_or_path: {path} has no config.json")
+        tokenizer = _load_tokenizer(path)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(path))
             model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"model.name_or_path: could not load the model in {path}: {e}") from e
-        if tokenizer.pad_token_id is None:
-            # Pad positions are always masked out; reusing EOS is the usual choice.
-            tokenizer.pad_token = tokenizer.eos_token
+        except Exception as e:  # any library's failure, reported with the directory it concerns
+            raise ConfigError(
+                f"model.name_or_path: could not load the weights in {path} (missing or damaged "
+                f"shard?): {type(e).__name__}: {e}"
+            ) from e
     model.to(dtype)
     if getattr(model.config, "vocab_size", len(tokenizer)) < len(tokenizer):
         raise ConfigError(
-            f"model.name_or_path: tokenizer has {len(tokenizer)} tokens but the model's "
+            f"model.name_or_path={cfg.name_or_path}: tokenizer has {len(tokenizer)} tokens but "
+            "the model's "
             f"vocab_size is {model.config.vocab_size}: model and tokenizer do not match"
         )
     return model, tokenizer
+
+
+def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer in `path`, checked to be usable: it encodes text and has an EOS token.
+
+    transformers falls back to an empty tokenizer when the files are missing, which would only
+    fail later inside the model with a shape error; this says what is wrong instead.
+    """
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # any library's failure, reported with the directory it concerns
+        raise ConfigError(
+            f"model.name_or_path: could not load the tokenizer in {path}: {type(e).__name__}: {e}"
+        ) from e
+    if len(tokenizer) < 2 or not tokenizer("1 + 1 = 2").input_ids or tokenizer.eos_token is None:
+        raise ConfigError(
+            f"model.name_or_path: {path} has no usable tokenizer ({len(tokenizer)} tokens, EOS "
+            f"{tokenizer.eos_token!r}); copy the tokenizer files (tokenizer.json, "
+            "tokenizer_config.json) of the model into the directory"
+        )
+    if tokenizer.pad_token_id is None:
+        # Pad positions are always masked out; reusing EOS is the usual choice.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def save_pretrained(model: Any, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:

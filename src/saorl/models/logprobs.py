@@ -1,26 +1,112 @@
 """Per-token log-probs of the sampling distribution, computed in chunks over the sequence.
 
 A full `(B, T, V)` float32 logits tensor is never built for the whole batch: the backbone's
-hidden states are projected to the vocabulary `chunk_size` positions at a time, and each chunk
-runs under activation checkpointing so its logits are rebuilt in the backward pass instead of
-being stored. With a 150k vocabulary that is the difference between gigabytes and megabytes.
+hidden states are projected to the vocabulary `chunk_size` positions at a time, and each chunk's
+logits are rebuilt in the backward pass instead of being stored, either by a hand-written
+backward that works in one `(chunk, V)` buffer (`impl="fused"`, the default) or by activation
+checkpointing around plain autograd (`impl="checkpoint"`, the reference it is tested against).
+At a 150k vocabulary and 1024 positions the peak is ~0.2x that of full logits
+(`benchmarks/bench_learner.py` measures it).
+
+With `packed=True` the rows are packed into one row without padding (`saorl.models.packing`)
+and the results are scattered back to the padded `(B, T)` layout, so callers cannot tell.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from saorl.models.packing import pack_rows
+
 
 def _chunk_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, temperature: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float() / temperature
+    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, temperature: float,
+    with_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    # In place: one fewer (chunk, V) float32 tensor; the head's backward does not need its output.
+    logits = head(hidden).float().div_(temperature)
     logp = torch.log_softmax(logits, dim=-1)
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if not with_entropy:  # the entropy costs two more (chunk, V) tensors: skip it if unused
+        return chosen, chosen.new_zeros(())
     entropy = -(logp.exp() * logp).sum(-1)
     return chosen, entropy
+
+
+class _FusedChunkLogprobs(torch.autograd.Function):
+    """Log-probs (and entropy) of one chunk with a hand-written, in-place backward.
+
+    Forward: `z = (h W^T + b) / tau`, `lse = logsumexp(z)`, `chosen = z[y] - lse`,
+    `entropy = lse - sum_j p_j z_j` with `p = softmax(z)`. Only `h`, `lse` and `entropy` are
+    saved. Backward recomputes `z` into one float32 (chunk, V) buffer and turns it in place
+    into `dL/dz = g_c * (onehot(y) - p) - g_e * p * (log p + entropy)`, so one (chunk, V)
+    buffer is live where autograd through `log_softmax` + `gather` keeps three (two more when
+    the entropy needs a gradient). `bench_learner.py` measures the peak; the test
+    `test_fused_logprobs_equal_the_autograd_path` checks values and gradients against
+    `_chunk_logprobs`.
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+        targets: torch.Tensor, temperature: float, with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        z = F.linear(hidden, weight, bias).float().div_(temperature)
+        lse = torch.logsumexp(z, dim=-1)
+        chosen = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+        if with_entropy:
+            entropy = lse - (torch.softmax(z, dim=-1) * z).sum(-1)
+        else:
+            entropy = chosen.new_zeros(())
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
+        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        ctx.set_materialize_grads(False)
+        return chosen, entropy
+
+    @staticmethod
+    def backward(
+        ctx: Any, g_chosen: torch.Tensor | None, g_entropy: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets, lse, entropy = ctx.saved_tensors
+        z = F.linear(hidden, weight, bias).float().div_(ctx.temperature)
+        logp = z.sub_(lse.unsqueeze(-1))  # in place: the buffer now holds log p
+        g_c = g_chosen if g_chosen is not None else torch.zeros_like(lse)
+        if ctx.with_entropy and g_entropy is not None:
+            p = logp.exp()
+            # -p * (g_c + g_e * (log p + H)), built in the log p buffer
+            grad = logp.add_(entropy.unsqueeze(-1)).mul_(g_entropy.unsqueeze(-1))
+            grad = grad.add_(g_c.unsqueeze(-1)).mul_(p).neg_()
+            del p
+        else:
+            grad = logp.exp_().mul_(-g_c.unsqueeze(-1))
+        grad.scatter_add_(-1, targets.unsqueeze(-1), g_c.unsqueeze(-1))
+        grad = grad.div_(ctx.temperature).to(weight.dtype)
+        grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_weight = None
+        if ctx.needs_input_grad[1]:
+            grad_weight = flat.t() @ hidden.reshape(-1, hidden.shape[-1])
+        grad_bias = flat.sum(0) if bias is not None and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def backbone_hidden(
+    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Last hidden states; `use_cache=False` because a KV cache also disables packing detection."""
+    out = backbone(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+    )
+    return out.last_hidden_state
 
 
 def sequence_logprobs(
@@ -30,28 +116,77 @@ def sequence_logprobs(
     temperature: float = 1.0,
     chunk_size: int = 256,
     return_entropy: bool = False,
+    packed: bool = False,
+    impl: str = "fused",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`logprobs[b, t] = log softmax(logits_{t-1} / temperature)[input_ids[b, t]]`, `(B, T)`.
 
     Position 0 has no predecessor and gets 0. The distribution is the one the engine samples
     from before top-p/top-k truncation (DESIGN.md section 1). With `return_entropy`, also the
-    entropy of that distribution at each position (same shape, same shift).
+    entropy of that distribution at each position (same shape, same shift). With `packed`, the
+    right-padded rows run as one packed row (no padding tokens); padding positions get 0.
+    With gradients, `impl="fused"` (a linear head) backpropagates each chunk by hand in one
+    (chunk, V) buffer; `"checkpoint"` recomputes it under autograd (the reference path).
     """
-    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    if packed:
+        pk = pack_rows(input_ids, attention_mask)
+        ids = pk.input_ids
+        hidden = backbone_hidden(model.base_model, ids, None, pk.position_ids)
+    else:
+        ids = input_ids
+        hidden = backbone_hidden(model.base_model, ids, attention_mask)
     head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear):
+        impl = "checkpoint"  # the fused backward needs a plain linear head
     h = hidden[:, :-1]
-    targets = input_ids[:, 1:]
+    targets = ids[:, 1:]
     outs, ents = [], []
     for s in range(0, h.shape[1], chunk_size):
         hc, tc = h[:, s : s + chunk_size], targets[:, s : s + chunk_size]
-        if torch.is_grad_enabled() and hc.requires_grad:
-            lp, ent = checkpoint(_chunk_logprobs, hc, tc, head, temperature, use_reentrant=False)
+        if not (torch.is_grad_enabled() and hc.requires_grad):
+            lp, ent = _chunk_logprobs(hc, tc, head, temperature, return_entropy)
+        elif impl == "fused":
+            lp, ent = _FusedChunkLogprobs.apply(
+                hc, head.weight, head.bias, tc, temperature, return_entropy
+            )
+        elif impl == "checkpoint":
+            lp, ent = checkpoint(
+                _chunk_logprobs, hc, tc, head, temperature, return_entropy, use_reentrant=False
+            )
         else:
-            lp, ent = _chunk_logprobs(hc, tc, head, temperature)
+            raise ValueError(
+                f"sequence_logprobs: impl must be 'fused' or 'checkpoint', not {impl!r}"
+            )
         outs.append(lp)
         ents.append(ent)
-    zeros = torch.zeros_like(input_ids[:, :1], dtype=torch.float32)
+    zeros = torch.zeros_like(ids[:, :1], dtype=torch.float32)
     logprobs = torch.cat([zeros, *outs], dim=1)
-    if return_entropy:
-        return logprobs, torch.cat([zeros, *ents], dim=1)
+    entropy = torch.cat([zeros, *ents], dim=1) if return_entropy else None
+    if packed:
+        logprobs = pk.unpack(logprobs)
+        entropy = pk.unpack(entropy) if entropy is not None else None
+    if entropy is not None:
+        return logprobs, entropy
     return logprobs
+
+
+class PolicyLogprobs(nn.Module):
+    """`sequence_logprobs` of a causal LM as a module's forward.
+
+    FSDP2 gathers a root module's own parameters (embeddings, final norm, output head) in that
+    module's forward hooks; `sequence_logprobs` calls the backbone and the head separately, so
+    under `fully_shard` it must run inside a module's forward, which is this one.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
+        chunk_size: int = 256, return_entropy: bool = False, packed: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        return sequence_logprobs(
+            self.model, input_ids, attention_mask, temperature=temperature,
+            chunk_size=chunk_size, return_entropy=return_entropy, packed=packed,
+        )  # fmt: skip

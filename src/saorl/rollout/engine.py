@@ -22,6 +22,9 @@ class GenerationRequest:
     request_id: int = 0
     greedy: bool = False
     stop: list[str] = field(default_factory=list)
+    # EOS is not sampled before this many new tokens (recorded log-probs stay those of the
+    # unmasked softmax(logits / T)); benchmarks force exact lengths with min = max_new_tokens.
+    min_new_tokens: int = 0
     payload: Any = None  # carried through untouched (the task, for the caller)
 
 
@@ -53,3 +56,14 @@ class Engine(Protocol):
 
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Load new policy weights; takes effect between decoding steps (partial rollouts)."""
+
+
+def run_to_completion(engine: Engine, requests: list[GenerationRequest]) -> list[Completion]:
+    """`Engine.generate` for engines that have `add_request`/`step`: results in request order."""
+    order = {id(r): i for i, r in enumerate(requests)}
+    for r in requests:
+        engine.add_request(r)
+    done: list[Completion] = []
+    while engine.num_unfinished():
+        done.extend(engine.step())
+    return sorted(done, key=lambda c: order.get(id(c.request), 0))

@@ -36,5 +36,24 @@ def build_engine(
             max_concurrent=rc.max_concurrent,
             seed=seed,
             version=version,
+            kv_cache=rc.kv_cache,
+        )
+    elif rc.engine == "vllm":
+        from saorl.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine.from_policy(
+            policy,
+            tokenizer,
+            max_seq_len=cfg.model.max_seq_len,
+            temperature=rc.temperature,
+            top_p=rc.top_p,
+            max_concurrent=rc.max_concurrent,
+            seed=seed,
+            version=version,
+            dtype=cfg.model.dtype,
+            gpu_memory_utilization=rc.vllm_gpu_memory_utilization,
+            kv_cache_gib=rc.vllm_kv_cache_gib,
+            enforce_eager=rc.vllm_enforce_eager,
+            recompute_kv=rc.vllm_recompute_kv_on_update,
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")

@@ -1,20 +1,44 @@
 """In-process rollout engine over a Hugging Face causal LM, with continuous batching.
 
-Each decoding step runs the model once over the running sequences (right-padded), samples one
-token per sequence, and retires those that finished (EOS, a stop string, or their token budget);
-queued requests join at the next step. A long rollout therefore never holds the others back.
+Each decoding step runs the model over the running sequences, samples one token per sequence,
+and retires those that finished (EOS, a stop string, or their token budget); queued requests
+join at the next step. A long rollout therefore never holds the others back.
 
-Departure from a production engine, on purpose: there is no KV cache, every step re-encodes the
-running sequences. For the short sequences of the CPU demo this costs little and keeps joining
-and leaving the batch trivial; the vLLM engine is the one for long sequences on GPUs.
+Two ways to compute a step's logits, chosen by `kv_cache` (`rollout.kv_cache`):
+- `True` (default): a key/value cache. Running sequences hold a slot of preallocated per-layer
+  buffers (`saorl.rollout.kv_slots`), right-aligned so that every row's next key/value goes to
+  the same column: a step feeds each row its last sampled token in one forward (attention
+  mask over the cache, per-sequence position ids) and writes one column in place, with no
+  copy of the cache.
+  Requests that join are prefilled (left-padded) in a second forward in the same step and
+  copied into free slots; a retired row's slot is refilled by moving the last row into it.
+- `False`: the reference. Every step re-encodes the whole of every running sequence
+  (right-padded, no cache). `tests/parity/test_hf_engine_kv.py` checks that both sample the same
+  tokens with the same log-probs from the same seed.
 
-Weight updates (`update_weights`) are applied under the same lock as a decoding step, so they
-take effect between two steps; every sampled token records the version it was sampled under.
+Both feed one `(running, vocab)` logits matrix, in the same row order, to one sampling call, so
+the random stream is consumed identically.
+
+Weight updates are not applied under the decoding lock: `update_weights` snapshots the state
+(the learner keeps training its own tensors) and returns; the engine loads the newest snapshot
+at its next step boundary, in its own thread. So the learner never waits for a decoding step,
+and every token records the version it was sampled under. With the cache on, the keys/values of
+in-flight sequences were computed by the old weights: the engine drops the cache and re-prefills
+them under the new weights (it does not keep stale keys/values, as a partial-rollout vLLM setup
+may). A token labelled version v was then sampled from exactly policy v given its whole prefix,
+which is what the learner's importance ratio assumes; the price is one prefill of the running
+sequences per weight update.
+
+Host-device traffic in the hot loop: ids go up once per forward (non-blocking); one transfer per
+step brings the sampled ids and log-probs back together (stop checks need them on the host).
+Greedy and EOS flags are decided on the host and cache lengths are mirrored on the device, so
+this module adds no other synchronisation (transformers' own mask code may add some).
 """
 
 from __future__ import annotations
 
 import copy
+import inspect
 import threading
 from collections import deque
 from dataclasses import dataclass, field
@@ -22,8 +46,10 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers.cache_utils import DynamicCache
 
-from saorl.rollout.engine import Completion, GenerationRequest
+from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
+from saorl.rollout.kv_slots import SlotCache
 
 
 @dataclass
@@ -33,6 +59,10 @@ class _Running:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    slot: int = -1  # row of the KV cache holding this sequence; -1 = none (prefill next step)
+
+    def ids(self) -> list[int]:
+        return self.request.prompt_ids + self.tokens
 
 
 class HFEngine:
@@ -54,6 +84,7 @@ class HFEngine:
         seed: int = 0,
         version: int = 0,
         copy_model: bool = True,
+        kv_cache: bool = True,
     ) -> None:
         self.model = copy.deepcopy(model) if copy_model else model
         if copy_model:
@@ -68,11 +99,23 @@ class HFEngine:
         self.top_p = top_p
         self.max_concurrent = max_concurrent
         self.version = version
+        self.kv_cache = kv_cache
         self.device = next(self.model.parameters()).device
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: deque[GenerationRequest] = deque()
         self._running: list[_Running] = []
         self._lock = threading.Lock()
+        self._pending_lock = threading.Lock()
+        self._pending: tuple[dict[str, torch.Tensor], int] | None = None
+        self._keys = set(self.model.state_dict())
+        # Rows with a cache live in slots 0..n-1 of `_kv`; `_slot_rows[s]` is the row in slot s.
+        self._kv = SlotCache(max_concurrent, self.device)
+        self._slot_rows: list[_Running] = []
+        # sdpa and eager attention take a ready 4-D mask; other kernels get the 2-D one.
+        attn = getattr(self.model.config, "_attn_implementation", None)
+        self._additive_mask = self.model.dtype if attn in ("sdpa", "eager") else None
+        params = inspect.signature(self.model.base_model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.tokens_generated = 0
 
     # -- requests ---------------------------------------------------------------------------
@@ -89,13 +132,7 @@ class HFEngine:
         return len(self._queue) + len(self._running)
 
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
-        order = {id(r): i for i, r in enumerate(requests)}
-        for r in requests:
-            self.add_request(r)
-        done: list[Completion] = []
-        while self.num_unfinished():
-            done.extend(self.step())
-        return sorted(done, key=lambda c: order.get(id(c.request), 0))
+        return run_to_completion(self, requests)
 
     def abort_all(self) -> list[Completion]:
         """Stop every queued and running request; running ones return as `aborted`."""
@@ -106,57 +143,171 @@ class HFEngine:
             ]
             self._running.clear()
             self._queue.clear()
+            self._drop_cache()
         return out
 
     # -- weights ----------------------------------------------------------------------------
     def update_weights(self, state: dict[str, Any], version: int) -> None:
-        with self._lock, torch.no_grad():
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-                raise ValueError(
-                    f"weight update does not match the engine's model: missing={missing[:5]}, "
-                    f"unexpected={unexpected[:5]}"
-                )
-            self.version = version
+        """Queue `state` to load at the next step boundary; returns without waiting for a step.
+
+        The tensors are copied here, so the caller may go on changing its own in place.
+        A newer update replaces one that is still queued (only the newest weights matter).
+        """
+        unexpected = sorted(set(state) - self._keys)
+        missing = sorted(k for k in self._keys - set(state) if not k.endswith("lm_head.weight"))
+        if unexpected or missing:
+            raise ValueError(
+                f"weight update does not match the engine's model: missing={missing[:5]}, "
+                f"unexpected={unexpected[:5]}"
+            )
+        with torch.no_grad():
+            snapshot = {k: v.detach().clone() for k, v in state.items()}
+        with self._pending_lock:
+            if self._pending is None or version >= self._pending[1]:
+                self._pending = (snapshot, version)
+
+    def _apply_pending_weights(self) -> None:
+        with self._pending_lock:
+            pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        with torch.no_grad():
+            self.model.load_state_dict(pending[0], strict=False)
+        self.version = pending[1]
+        self._drop_cache()  # keys/values of the old weights: re-prefill under the new ones
 
     # -- decoding ---------------------------------------------------------------------------
     def step(self) -> list[Completion]:
         with self._lock:
+            self._apply_pending_weights()
             while self._queue and len(self._running) < self.max_concurrent:
                 req = self._queue.popleft()
                 budget = min(req.max_new_tokens, self.max_seq_len - len(req.prompt_ids))
                 self._running.append(_Running(req, budget))
             if not self._running:
                 return []
-            return self._decode_one()
+            with torch.inference_mode():
+                logits = self._logits_cached() if self.kv_cache else self._logits_reencode()
+                return self._sample_and_retire(logits)
 
-    @torch.inference_mode()
-    def _decode_one(self) -> list[Completion]:
-        seqs = [r.request.prompt_ids + r.tokens for r in self._running]
-        lengths = torch.tensor([len(s) for s in seqs], device=self.device)
-        B, T = len(seqs), int(lengths.max())
+    def _logits_reencode(self) -> torch.Tensor:
+        """Next-token logits of every running row, re-encoding whole sequences (reference)."""
+        seqs = [r.ids() for r in self._running]
+        B, T = len(seqs), max(len(s) for s in seqs)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        attn = torch.zeros((B, T), dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
-        ids = ids.to(self.device)
-        attn = (torch.arange(T, device=self.device)[None, :] < lengths[:, None]).long()
-        hidden = self.model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
-        last = hidden[torch.arange(B, device=self.device), lengths - 1]
-        logits = self.model.get_output_embeddings()(last).float()
-        next_ids, next_logp = self._sample(logits)
-        greedy = torch.tensor([r.request.greedy for r in self._running], device=self.device)
-        if greedy.any():
-            g_ids = logits.argmax(-1)
+            attn[i, : len(s)] = 1
+        last = torch.tensor([len(s) - 1 for s in seqs])
+        ids, attn, last = (self._up(x) for x in (ids, attn, last))
+        hidden = self.model.base_model(
+            input_ids=ids, attention_mask=attn, use_cache=False
+        ).last_hidden_state
+        return self._head(hidden[torch.arange(B, device=self.device), last])
+
+    def _logits_cached(self) -> torch.Tensor:
+        """Next-token logits of every running row: one decode forward over the cached rows,
+        one prefill forward over the rows without a cache (joined, or after a weight update).
+        Both come out in slot order; a permutation puts them in `_running` order."""
+        parts = []
+        if self._kv.n:
+            parts.append(self._decode())
+        new = [r for r in self._running if r.slot < 0]
+        if new:
+            parts.append(self._prefill(new))
+        logits = torch.cat(parts) if len(parts) > 1 else parts[0]
+        perm = [r.slot for r in self._running]
+        if perm != list(range(len(perm))):
+            logits = logits[self._up(torch.tensor(perm))]
+        return logits
+
+    def _decode(self) -> torch.Tensor:
+        kv = self._kv
+        ids = self._up(torch.tensor([[r.tokens[-1]] for r in self._slot_rows]))
+        cache, mask, pos = kv.decode_inputs(self._additive_mask)
+        hidden = self._forward(ids, mask, pos, cache)
+        kv.advance()
+        return self._head(hidden[:, -1])
+
+    def _prefill(self, rows: list[_Running]) -> torch.Tensor:
+        seqs = [r.ids() for r in rows]
+        N, T = len(seqs), max(len(s) for s in seqs)
+        ids = torch.full((N, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((N, T), dtype=torch.long)
+        for i, s in enumerate(seqs):  # left padding: every row's last token is column T-1
+            ids[i, T - len(s) :] = torch.tensor(s)
+            mask[i, T - len(s) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        ids, mask, pos = (self._up(x) for x in (ids, mask, pos))
+        cache = DynamicCache()
+        hidden = self._forward(ids, mask, pos, cache)
+        for r in rows:
+            r.slot = len(self._slot_rows)
+            self._slot_rows.append(r)
+        self._kv.add_rows(cache, [len(s) for s in seqs])
+        return self._head(hidden[:, -1])
+
+    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any):
+        out = self.model.base_model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=pos,
+            use_cache=True,
+            **{self._cache_kwarg: cache},
+        )
+        return out.last_hidden_state
+
+    def _up(self, x: torch.Tensor) -> torch.Tensor:
+        # Non-blocking: a blocking host-to-device copy waits for the device's queue to drain.
+        # Safe from pageable memory (the driver stages the source before returning).
+        return x.to(self.device, non_blocking=True)
+
+    def _head(self, last_hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(last_hidden).float()
+
+    # -- the cache ----------------------------------------------------------------------------
+    def _drop_cache(self) -> None:
+        self._kv.clear()
+        self._slot_rows = []
+        for r in self._running:
+            r.slot = -1
+
+    def _retire_slots(self, slots: list[int]) -> None:
+        """Free the slots of finished rows; the last live row moves into each freed slot."""
+        for slot in sorted(slots, reverse=True):
+            moved = self._kv.remove(slot)
+            last = self._slot_rows.pop()
+            if moved:
+                self._slot_rows[slot] = last
+                last.slot = slot
+
+    # -- sampling -----------------------------------------------------------------------------
+    def _sample_and_retire(self, logits: torch.Tensor) -> list[Completion]:
+        blocked = self._eos_blocked()
+        next_ids, next_logp = self._sample(logits, blocked)
+        greedy = [r.request.greedy for r in self._running]
+        if any(greedy):
+            g_logits = logits
+            if any(blocked) and self.eos_id is not None:
+                rows = self._up(torch.tensor(blocked))
+                g_logits = logits.clone()
+                g_logits[:, self.eos_id] = logits[:, self.eos_id].masked_fill(rows, -torch.inf)
+            g_ids = g_logits.argmax(-1)
             # Recorded log-probs are always of softmax(logits / T), greedy or not (DESIGN 1).
             g_logp = torch.log_softmax(logits / self.temperature, -1)
             g_logp = g_logp.gather(-1, g_ids[:, None]).squeeze(-1)
-            next_ids = torch.where(greedy, g_ids, next_ids)
-            next_logp = torch.where(greedy, g_logp, next_logp)
-        ids_l, logp_l = next_ids.tolist(), next_logp.tolist()
-        self.tokens_generated += B
+            flags = self._up(torch.tensor(greedy))
+            next_ids = torch.where(flags, g_ids, next_ids)
+            next_logp = torch.where(flags, g_logp, next_logp)
+        # The step's one device-to-host transfer: ids and log-probs together.
+        host = torch.stack([next_ids.to(next_logp.dtype), next_logp]).cpu()
+        ids_l, logp_l = [int(x) for x in host[0].tolist()], host[1].tolist()
+        self.tokens_generated += len(ids_l)
 
         finished: list[Completion] = []
         still: list[_Running] = []
+        done_slots: list[int] = []
         for r, tok, lp in zip(self._running, ids_l, logp_l, strict=True):
             r.tokens.append(tok)
             r.logprobs.append(lp)
@@ -165,14 +316,29 @@ class HFEngine:
             if reason is None:
                 still.append(r)
             else:
+                if r.slot >= 0:
+                    done_slots.append(r.slot)
                 finished.append(Completion(r.request, r.tokens, r.logprobs, r.versions, reason))
         self._running = still
+        if done_slots:
+            self._retire_slots(done_slots)
         return finished
 
-    def _sample(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Sample from softmax(logits/T), top-p truncated; return ids and untruncated log-probs."""
+    def _eos_blocked(self) -> list[bool]:
+        return [len(r.tokens) < r.request.min_new_tokens for r in self._running]
+
+    def _sample(
+        self, logits: torch.Tensor, eos_blocked: list[bool] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample from softmax(logits/T), top-p truncated and EOS masked in rows that have not
+        reached `min_new_tokens`; return ids and the log-probs of the untruncated,
+        unmasked softmax(logits/T) (truncation is not applied to recorded log-probs)."""
         logp = torch.log_softmax(logits / self.temperature, dim=-1)
         probs = logp.exp()
+        if eos_blocked and any(eos_blocked) and self.eos_id is not None:
+            rows = self._up(torch.tensor(eos_blocked))
+            probs[:, self.eos_id] = torch.where(rows, 0.0, probs[:, self.eos_id])
+            probs = probs / probs.sum(-1, keepdim=True)
         if self.top_p < 1.0:
             sorted_p, order = probs.sort(dim=-1, descending=True)
             # Keep the smallest prefix whose mass reaches top_p (always at least one token).

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,7 @@ class PromptFeed:
         self.admitted = consumed * batch_size
         self.drawn = drawn
         self.cond = threading.Condition()
+        self._reissue: deque[tuple[Any, int]] = deque()  # in-flight at a checkpoint: run first
 
     def next(self) -> tuple[Any, int] | None:
         """`(task, group id)` for a new rollout, or None while admission control says wait.
@@ -81,6 +83,8 @@ class PromptFeed:
             if self.admitted >= (self.consumed + max(self.max_staleness, 1)) * self.batch_size:
                 return None
             self.admitted += 1
+            if self._reissue:
+                return self._reissue.popleft()
             if self._left == 0:
                 self._current = self.task.sample(self.rng)
                 self.drawn += 1
@@ -101,9 +105,30 @@ class PromptFeed:
             self.consumed += 1
             self.cond.notify_all()
 
+    def reissue(self, items: list[tuple[Any, int]]) -> None:
+        """Hand these started tasks out again, first (their worker died): no new admission."""
+        with self.cond:
+            self.admitted -= len(items)
+            self._reissue.extend(items)
+            self.cond.notify_all()
+
     def state(self) -> dict[str, Any]:
         with self.cond:
-            return {"prompt_rng": self.rng.getstate(), "data_position": self.drawn}
+            return {
+                "prompt_rng": self.rng.getstate(),
+                "data_position": self.drawn,
+                # A group half handed out: its remaining members are still owed after a resume.
+                "feed_group": (self._left, self._current, self._group),
+            }
+
+    def restore(self, state: dict[str, Any], reissue: list[tuple[Any, int]], finished: int) -> None:
+        """Continue a checkpointed feed: re-issue its in-flight tasks first (same group ids),
+        and count `finished` restored trajectories as already admitted."""
+        with self.cond:
+            if "feed_group" in state:
+                self._left, self._current, self._group = state["feed_group"]
+            self._reissue.extend(reissue)
+            self.admitted += finished
 
 
 class FixedFeed:
@@ -131,6 +156,17 @@ class AgentLimits:
     max_tool_calls: int = 0
     stop: tuple[str, ...] = ()
     greedy: bool = False  # evaluation: argmax decoding instead of sampling
+    env_timeout_s: float = 600.0  # an environment reset/step that takes longer fails the episode
+    # Benchmarks (`rollout.forced_length`): each turn generates exactly this many tokens
+    # (clamped to the budget and context), EOS suppressed; None = the model decides.
+    forced_length: Callable[[], int] | None = None
+
+
+def lognormal_lengths(median: int, sigma: float, seed: int) -> Callable[[], int]:
+    """Turn lengths `round(median * exp(sigma * z))`, `z ~ N(0, 1)`, at least 1 (thread-safe
+    enough: one `random.Random` call under the GIL per draw)."""
+    rng = random.Random(seed)
+    return lambda: max(1, round(median * rng.lognormvariate(0.0, sigma)))
 
 
 class RolloutWorker:
@@ -162,19 +198,25 @@ class RolloutWorker:
         self.idle_s = 0.0
         self.error: BaseException | None = None
         self.active = 0  # episodes started and not yet finished
+        self.episodes: dict[int, Episode] = {}  # the same episodes, for checkpoint snapshots
+        self._pause = threading.Event()
+        self._parked = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._requests = 0
         self._inline_loop = asyncio.new_event_loop()
         self._bg_loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[tuple[Episode, Completion, concurrent.futures.Future]] = []
+        self._pending: list[tuple[Episode, Completion, concurrent.futures.Future, float]] = []
 
     # -- episodes ----------------------------------------------------------------------------
     def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
         if not getattr(env, "offload", True):
             fut: concurrent.futures.Future = concurrent.futures.Future()
             try:
-                fut.set_result(self._inline_loop.run_until_complete(coro))
+                # An awaiting hang times out here; a CPU-bound one cannot (inline envs must be
+                # cheap; anything that can hang belongs on the offload loop).
+                timed = asyncio.wait_for(coro, self.limits.env_timeout_s)
+                fut.set_result(self._inline_loop.run_until_complete(timed))
             except Exception as e:  # the environment's failure ends that episode, not the run
                 fut.set_exception(e)
             return fut
@@ -187,15 +229,20 @@ class RolloutWorker:
 
     def _submit(self, ep: Episode) -> None:
         room = self.limits.max_seq_len - len(ep.ids)
+        budget = min(self.limits.max_new_tokens, room)
+        forced = 0
+        if self.limits.forced_length is not None:
+            budget = forced = min(self.limits.forced_length(), budget)
         self._requests += 1
         self.engine.add_request(
             GenerationRequest(
                 prompt_ids=ep.ids,
-                max_new_tokens=min(self.limits.max_new_tokens, room),
+                max_new_tokens=budget,
                 request_id=self._requests,
                 stop=list(self.limits.stop),
                 greedy=self.limits.greedy,
                 payload=ep,
+                min_new_tokens=forced,
             )
         )
 
@@ -203,12 +250,19 @@ class RolloutWorker:
         env = self.make_env()
         self.active += 1
         try:
-            messages = self._env_call(env, env.reset(task)).result()
+            fut = self._env_call(env, env.reset(task))
+            messages = fut.result(timeout=self.limits.env_timeout_s)
+        except TimeoutError:
+            fut.cancel()
+            ep = Episode(env, task, [], [], group_id=group_id)
+            ep.info["error"] = f"reset: timed out after {self.limits.env_timeout_s:g} s"
+            return self._emit(ep, "env_error")
         except Exception as e:
             ep = Episode(env, task, [], [], group_id=group_id)
             ep.info["error"] = f"reset: {type(e).__name__}: {e}"
             return self._emit(ep, "env_error")
         ep = Episode(env, task, list(messages), self.codec.prompt_ids(messages), group_id=group_id)
+        self.episodes[id(ep)] = ep
         if len(ep.prompt_ids) >= self.limits.max_seq_len:
             ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
             return self._emit(ep, "context")
@@ -216,6 +270,7 @@ class RolloutWorker:
 
     def _emit(self, ep: Episode, reason: str) -> None:
         self.active -= 1
+        self.episodes.pop(id(ep), None)
         self.out.put(ep.finish(reason, key=getattr(ep.task, "key", "")))
 
     def _on_turn(self, c: Completion) -> None:
@@ -228,7 +283,8 @@ class RolloutWorker:
             return self._emit(ep, "context" if full else "length")
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         ep.conversation.append({"role": "assistant", "content": text})
-        self._pending.append((ep, c, self._env_call(ep.env, ep.env.step(text))))
+        deadline = time.monotonic() + self.limits.env_timeout_s
+        self._pending.append((ep, c, self._env_call(ep.env, ep.env.step(text)), deadline))
 
     def _on_env_result(self, ep: Episode, c: Completion, result: StepResult) -> None:
         ep.reward += result.reward
@@ -250,9 +306,15 @@ class RolloutWorker:
 
     def _drain_env_results(self) -> None:
         still = []
-        for ep, c, fut in self._pending:
+        for ep, c, fut, deadline in self._pending:
             if not fut.done():
-                still.append((ep, c, fut))
+                if time.monotonic() < deadline:
+                    still.append((ep, c, fut, deadline))
+                    continue
+                # A hung tool or environment fails its own episode, not the run.
+                fut.cancel()
+                ep.info["error"] = f"step: timed out after {self.limits.env_timeout_s:g} s"
+                self._emit(ep, "env_error")
                 continue
             try:
                 result = fut.result()
@@ -294,6 +356,11 @@ class RolloutWorker:
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
+                if self._pause.is_set():
+                    self._parked.set()
+                    time.sleep(0.002)
+                    continue
+                self._parked.clear()
                 self.fill()
                 if not self.busy():
                     # Admission says wait: sleep until the learner consumes a batch.
@@ -307,6 +374,25 @@ class RolloutWorker:
                 self.step()
         except BaseException as e:  # surfaced to the learner thread, which re-raises
             self.error = e
+
+    def in_flight(self) -> list[tuple[Any, int]]:
+        """`(task, group id)` of every episode started and not finished (call while paused)."""
+        return [(ep.task, ep.group_id) for ep in self.episodes.values()]
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Hold the worker thread between two steps (for a consistent checkpoint snapshot)."""
+        if self._thread is None or not self._thread.is_alive():
+            yield
+            return
+        self._parked.clear()
+        self._pause.set()
+        try:
+            if not self._parked.wait(timeout=60):
+                raise RuntimeError(f"{self.name} did not pause within 60 s for a checkpoint")
+            yield
+        finally:
+            self._pause.clear()
 
     def stop_thread(self) -> None:
         self._stop.set()

