@@ -1,0 +1,186 @@
+"""Ray placement on a local Ray with 2 CPUs: the async loop, both weight syncs, dead actors.
+
+One Ray session serves the whole module (starting one takes ~5 s here); `train_from_config`
+joins it instead of starting its own and leaves it running.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import random
+import sys
+
+import pytest
+import torch
+
+from saorl.envs.factory import build_env
+from saorl.loop import BatchCollector, train_from_config
+from saorl.rollout.worker import AgentLimits, PromptFeed
+from saorl.types import Trajectory
+from tests.conftest import tiny_config
+from tests.integration.test_train_async import STOP_ON_MOST_CHARS
+
+ray = pytest.importorskip("ray")
+
+pytestmark = pytest.mark.slow
+
+
+def _varied_reward():
+    # A random-init model never solves addition, so every reward, value and gradient would be
+    # 0. This reward depends on the sampled text, so weights move. Installed in every actor.
+    from saorl.envs.arithmetic import ArithmeticTask
+
+    ArithmeticTask.reward = staticmethod(lambda p, t: float(len(t) % 2))
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    # Functions of this module (not importable by Ray workers) travel by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    assert not ray.is_initialized(), "another test left a Ray session running"
+    ray.init(num_cpus=2, include_dashboard=False,
+             runtime_env={"worker_process_setup_hook": _varied_reward})  # fmt: skip
+    yield
+    ray.shutdown()
+
+
+def _ray_config(tmp_path, *overrides):
+    # Learner (1 CPU) and rollout actors (0.5 CPU each) fit the 2 CPUs of the local Ray.
+    return tiny_config(f"run.output_dir={tmp_path}", "ray.enabled=true",
+                       "ray.rollout_num_cpus=0.5", *overrides)  # fmt: skip
+
+
+def test_async_training_with_ray_actors(tmp_path, local_ray):
+    # Two learner ranks (FSDP2 over gloo) and two rollout actors: 4 actors, 0.5 CPU each.
+    cfg = _ray_config(tmp_path, "rollout.num_workers=2", "run.total_steps=3", "run.eval_every=0",
+                      "learner.max_staleness=1", "ray.learner_ranks=2", "learner.fsdp=true",
+                      "ray.learner_num_cpus=0.5", STOP_ON_MOST_CHARS)  # fmt: skip
+    summary = train_from_config(cfg)
+    assert summary["steps"] == 3 and summary["policy_version"] == 2  # 1 critic warm-up step
+    run_dir = tmp_path / "default"
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss/value" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for r in steps:  # admission control held across processes
+        assert r["async/staleness_max"] <= 1
+        assert r["perf/rollout_tokens_per_s"] > 0
+    # The learner actor wrote the checkpoints: the policy moved, frozen attention did not.
+    first, last = (torch.load(p, weights_only=False) for p in
+                   sorted((run_dir / "checkpoints").glob("step_*.pt")))  # fmt: skip
+    assert (first["step"], last["step"]) == (0, 3)
+    # Gathered from FSDP2 shards: optimizer state keyed by parameter name, not by index.
+    assert all(isinstance(k, str) for k in last["policy_opt"]["state"])
+    assert any(not torch.equal(v, last["policy"][k]) for k, v in first["policy"].items())
+    attn = [k for k in first["critic"] if ".self_attn." in k]
+    assert attn and all(torch.equal(first["critic"][k], last["critic"][k]) for k in attn)
+    assert (run_dir / "final" / "config.json").exists()
+    assert ray.is_initialized()  # the session this module started is still there
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory, local_ray):
+    """A learner actor and one rollout actor (object-store sync, and a broadcast group formed
+    as well, to test both pushes on the same actors); the last test kills them."""
+    from saorl.distributed.ray_driver import RayLearner
+
+    cfg = _ray_config(tmp_path_factory.mktemp("placed"), "ray.weight_sync=object_store")
+    learner = RayLearner(cfg)
+    spec = build_env(cfg.env)
+    feed = PromptFeed(spec.task, random.Random(0), cfg.learner.batch_size, 1)
+    out: queue.Queue[Trajectory] = queue.Queue()
+    limits = AgentLimits(cfg.model.max_seq_len, cfg.rollout.max_new_tokens)
+    workers = learner.rollout_workers(feed, out, limits, seeds=[0])
+    learner._form_group()
+    yield cfg, learner, workers, feed, out
+    learner.close()
+
+
+def _perturb(learner):
+    with torch.no_grad():
+        for p in learner.policy.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+
+
+@pytest.mark.parametrize("via", ["object_store", "broadcast"])
+def test_weight_push_reaches_the_rollout_actor(placed, via):
+    _, learner, workers, _, _ = placed
+    actor = workers[0].actor
+    before = ray.get(actor.engine_state.remote())
+    learner.call(_perturb)
+    learner.push_via_broadcast() if via == "broadcast" else learner.push_via_object_store()
+    got = ray.get(actor.engine_state.remote())
+    want = ray.get(learner.actor.policy_state.remote())
+    assert set(got) <= set(want)
+    for k, v in got.items():
+        assert torch.equal(v, want[k]), k  # the learner's weights, bit for bit
+    assert all(not torch.equal(before[k], got[k]) for k in got)  # and every tensor moved
+
+
+def test_sync_mode_drives_the_actor_from_the_driver(placed):
+    cfg, _, workers, feed, out = placed
+    collector = BatchCollector(workers, feed, out, group_size=1, sync=True)
+    n = cfg.learner.batch_size
+    batch, dropped, _, _ = collector.collect(0, n, 1)  # fill + one decoding step per call
+    assert len(batch) == n and dropped == 0 and feed.admitted == n  # admission held
+    assert all(t.completion_ids and t.staleness(0) == 0 for t in batch)
+    assert workers[0].in_flight() == []
+    feed.consume()
+
+
+def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
+    from saorl.distributed.ray_driver import ActorFailure
+
+    cfg, learner, workers, feed, out = placed
+    n = cfg.learner.batch_size
+    for w in workers:
+        w.start()
+    dead = workers[0]
+    ray.kill(dead.actor)
+    collector = BatchCollector(workers, feed, out, group_size=1, sync=False)
+    with pytest.raises(RuntimeError, match=r"rollout-0 failed.*the Ray actor died"):
+        for _ in range(30):  # trajectories already in the queue come out first
+            collector.collect(0, n, 1)
+    # The driver knows what the dead actor held: every admitted rollout not yet delivered.
+    assert 0 < len(dead.in_flight()) <= feed.admitted
+    # With restarts allowed the loop's collector replaces it through `RayLearner.respawn`:
+    # a fresh actor with the learner's weights takes the dead one's tasks, and a batch forms.
+    collector.respawn, collector.max_restarts = learner.respawn, 1
+    batch, _, _, _ = collector.collect(0, n, 1)
+    assert len(batch) == n and collector.restarts == 1
+    assert workers[0] is not dead and workers[0].error is None
+    got = ray.get(workers[0].actor.engine_state.remote())
+    want = ray.get(learner.actor.policy_state.remote())
+    assert all(torch.equal(v, want[k]) for k, v in got.items())
+    ray.kill(learner.actor)
+    with pytest.raises(ActorFailure, match="learner: the Ray actor died"):
+        learner.call(_perturb)
+
+
+def test_missing_resources_are_a_config_error(tmp_path, local_ray):
+    from saorl.config import ConfigError
+    from saorl.distributed.ray_driver import RayLearner
+
+    with pytest.raises(ConfigError, match=r"ray\.learner_num_gpus"):
+        RayLearner(_ray_config(tmp_path, "ray.learner_num_gpus=1"))
+    with pytest.raises(ConfigError, match=r"ray\.learner_ranks = 2 needs learner\.fsdp"):
+        RayLearner(_ray_config(tmp_path, "ray.learner_ranks=2", "ray.learner_num_cpus=0.5"))
+
+
+def _gather_state(learner):
+    return len(learner.state_dict()["policy"])  # a collective call under FSDP: every rank joins
+
+
+def test_a_dead_learner_rank_is_reported(tmp_path, local_ray):
+    from saorl.distributed.ray_driver import ActorFailure, RayLearner
+
+    cfg = _ray_config(tmp_path, "ray.learner_ranks=2", "learner.fsdp=true",
+                      "ray.learner_num_cpus=0.5")  # fmt: skip
+    learner = RayLearner(cfg)
+    try:
+        assert learner.call(_gather_state) > 0  # both ranks answer
+        ray.kill(learner.learner_actors[1])
+        with pytest.raises(ActorFailure, match="learner rank 1"):
+            learner.call(_gather_state)
+    finally:
+        learner.close()

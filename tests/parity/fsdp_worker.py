@@ -1,0 +1,120 @@
+"""Run under `torchrun --nproc_per_node 2`: the FSDP2 learner against the single-process one.
+
+Every rank builds the same tiny policy and batch; rank 0 also runs the plain learner. Per case:
+two learner steps (each K=2 critic steps + one policy step; the second Adam step depends on the
+gradient magnitudes, the first is nearly sign(g) * lr), then the sharded weights are gathered
+and compared on rank 0; a sharded learner loaded from the state gathered after step 1 must take
+step 2 exactly like the original. Writes `{case: {quantity: max abs difference}}` as JSON to
+argv[1]; `test_fsdp_parity.py` holds the tolerances.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+from saorl.learner import Learner
+from saorl.models.loading import load_policy
+from tests.conftest import tiny_config
+from tests.integration.test_learner import _batch
+
+CASES = {
+    # 7 rows over 2 ranks (4 + 3) in micro-batches of 3: rank 1 runs a filler pass.
+    "padded": ("learner.micro_batch_size=3",),
+    "packed": ("learner.micro_batch_tokens=24",),
+    "vapo_seq_mean": ("algorithm.name=vapo", "algorithm.loss_agg=seq_mean_token_mean"),
+}
+COMMON = ("critic.warmup_steps=0", "learner.batch_size=7", "learner.lr_warmup_steps=0")
+COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys(), sorted(set(a) ^ set(b))
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def _adam_rel_diff(sharded: dict, plain: torch.optim.Optimizer, names: list[str]) -> float:
+    """Max relative difference of Adam's first moment (0.1 * g after one step): the gradient."""
+    ref = plain.state_dict()["state"]
+    worst = 0.0
+    for i, name in enumerate(names):
+        got, want = sharded["state"][name]["exp_avg"], ref[i]["exp_avg"]
+        worst = max(worst, float((got - want).abs().max() / want.abs().max().clamp(min=1e-12)))
+    return worst
+
+
+def _plain(cfg):  # the single-process learner for the same config
+    return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"fsdp": False})})
+
+
+def main(out_path: str) -> None:
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    policy, _ = load_policy(tiny_config().model)
+    batch = _batch(policy, n=7)
+    results: dict[str, dict[str, float]] = {}
+    for case, overrides in CASES.items():
+        cfg = tiny_config(*COMMON, *overrides, "learner.fsdp=true")
+        sharded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+        assert sharded.fsdp and sharded.world == 2
+        m1 = sharded.step(batch)
+        state1 = sharded.state_dict()  # collective: gathered onto rank 0
+        m2 = sharded.step(batch)
+        state2, pushed = sharded.state_dict(), sharded.policy_state()
+        reloaded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+        reloaded.load_state(state1 if rank == 0 else {k: state1[k] for k in COUNTERS})
+        m_reload, after_reload = reloaded.step(batch), reloaded.policy_state()
+        if rank != 0:
+            continue
+        plain = Learner(_plain(cfg), copy.deepcopy(policy), torch.device("cpu"))
+        p1 = plain.step(batch)
+        names = [n for n, p in plain.policy.named_parameters() if p.requires_grad]
+        adam1 = _adam_rel_diff(state1["policy_opt"], plain.policy_opt, names)
+        p2 = plain.step(batch)
+        r = {f"{k}@{i}": abs(m[k] - p[k]) for i, (m, p) in enumerate(((m1, p1), (m2, p2)), 1)
+             for k in ("loss/policy", "loss/value", "policy/grad_norm", "critic/grad_norm",
+                       "policy/entropy")}  # fmt: skip
+        r.update({
+            "policy_adam_exp_avg_rel@1": adam1,
+            "policy_weights@2": _max_diff(state2["policy"], plain.policy.state_dict()),
+            "critic_weights@2": _max_diff(state2["critic"], plain.critic.state_dict()),
+            "pushed_weights@2": _max_diff(pushed, plain.policy.state_dict()),
+            "version": abs(sharded.version - plain.version),
+            "reload_loss@2": abs(m_reload["loss/policy"] - m2["loss/policy"]),
+            "reload_weights@2": _max_diff(after_reload, pushed),
+            # The updates must be visible, or equal weights would prove nothing.
+            "policy_moved@2": _max_diff(state2["policy"], policy.state_dict()),
+        })  # fmt: skip
+        results[case] = r
+    # Re-initialising the sharded critic from the policy (after a supervised warm-up).
+    cfg = tiny_config(*COMMON, "learner.fsdp=true")
+    sharded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+    sharded.step(batch)
+    sharded.reset_critic_from_policy()
+    critic_state, policy_state = sharded.state_dict()["critic"], sharded.policy_state()
+    # bf16 compute (MixedPrecisionPolicy): runs, and its losses are close to float32's.
+    bf16_cfg = tiny_config(*COMMON, "learner.fsdp=true", "learner.mixed_precision=bf16")
+    m_bf16 = Learner(bf16_cfg, copy.deepcopy(policy), torch.device("cpu")).step(batch)
+    if rank == 0:
+        expect = {"backbone." + k[len("model.") :]: v for k, v in policy_state.items()
+                  if k.startswith("model.")}  # fmt: skip
+        head = [v for k, v in critic_state.items() if k.startswith("value_head.")]
+        results["reset_critic"] = {
+            "backbone": _max_diff({k: critic_state[k] for k in expect}, expect),
+            "value_head_abs": max(float(v.abs().max()) for v in head),
+        }
+        ref = Learner(tiny_config(*COMMON), copy.deepcopy(policy), torch.device("cpu")).step(batch)
+        results["bf16"] = {k: abs(m_bf16[k] - ref[k]) for k in ("loss/policy", "loss/value")}
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=2)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
