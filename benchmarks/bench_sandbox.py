@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/sandbox.json"))
     args = parser.parse_args()
 
+    load = os.getloadavg()[0]  # recorded: this machine is often shared with training runs
     info = sandbox_info()
     if info.backend != "bwrap":
         sys.exit(f"bubblewrap unusable here ({info.bwrap_error}); nothing to compare")
@@ -110,7 +111,10 @@ def main() -> None:
                 }
             )
 
-    print(f"sandbox benchmark: {args.calls} calls per variant, {threads} threads for throughput")
+    print(
+        f"sandbox benchmark: {args.calls} calls per variant, {threads} threads for throughput, "
+        f"load average at start {load:.2f}"
+    )
     header = f"{'program':8} {'variant':9} {'median ms':>10} {'p90 ms':>8} {'overhead ms':>12}"
     header += f" {'x base':>7} {'calls/s seq':>12} {'calls/s conc':>13}"
     print(header)
@@ -123,7 +127,11 @@ def main() -> None:
     report = {
         "benchmark": "sandbox",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "load_average_at_start": load,
+        },
         "sandbox": {
             "bwrap_version": info.bwrap_version,
             "cgroups": list(info.cgroup_controllers),

@@ -1,0 +1,281 @@
+"""Asynchronous SAO against synchronous training on long-tailed response lengths.
+
+    python benchmarks/bench_async.py [--steps 20] [--median 48] [--sigma 1.0] [--out PATH]
+
+Workload: the built-in model (2 layers, 128 wide, random init) on the built-in addition
+prompts, 64 trajectories per step, every response forced to a length drawn per rollout from a
+lognormal (`rollout.forced_length = "lognormal"`: EOS suppressed, exactly L tokens, L =
+round(median * exp(sigma * z)) clipped to `--cap`). Forcing the lengths makes the workload
+identical in every mode (the same length distribution, independent of what the policy learns)
+and long-tailed the way reasoning rollouts are; the price is that rewards are 0 (the answers
+are not sums), so this measures the pipeline, not learning. Every arm runs the real loop,
+learner and engine (`saorl.loop.train_from_config`) one after another on the same machine,
+with a packed learner (`learner.micro_batch_tokens`, no padding: the learner's cost follows the
+tokens, not the longest row):
+
+    sync        run.concurrency = "sync": generate a batch, then train (one torch thread)
+    sync_2t     the same with run.torch_threads = 2: the synchronous baseline given both cores
+    async       run.concurrency = "threads", algorithm sao (single rollouts, critic)
+    async_single  async with algorithm running_mean (single rollouts, DIS, no critic)
+    async_grpo  async with algorithm grpo_dis, groups of 8 (DIS, no critic): the same learner
+                as async_single, so async_single / async_grpo step times isolate the cost of
+                waiting for whole groups (`group wait` = first to last member finishing)
+
+Figures are over the steady-state steps (after `--skip` steps that fill the pipeline):
+- step time = wall time per optimizer step; speedup = sync step time / arm step time;
+  tokens/s = trained response tokens per second (first-finished batches favour short
+  responses, so a fast arm may also train on shorter ones; compare both);
+- learner idle = time the learner waited for trajectories / wall time; rollout idle = time
+  the rollout worker was held by admission control (or, in sync mode, by training) / wall;
+- stage times from the sync run: `t_gen_sync` (generation per batch: the learner's wait) and
+  `t_train` (the rest of the step); `t_gen_full` = tokens per batch / the engine's tokens/s
+  at full occupancy (a standalone engine run on the same lengths, `max_concurrent` rows kept
+  full), i.e. generation per batch without the long-tail drain;
+- ideal async speedup = (t_gen_sync + t_train) / max(t_train, t_gen_full): with perfect
+  overlap the slower stage sets the pace, and generation runs with its batch always full.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from saorl.config import load_config
+from saorl.envs.arithmetic import ArithmeticTask
+from saorl.loop import train_from_config
+from saorl.metrics import read_metrics
+from saorl.models.loading import load_policy
+from saorl.rollout.engine import GenerationRequest
+from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.worker import lognormal_lengths
+
+ARMS = {
+    "sync": ["run.concurrency=sync"],
+    "sync_2t": ["run.concurrency=sync", "run.torch_threads=2"],
+    "async": ["run.concurrency=threads"],
+    # The group barrier, isolated: the same DIS loss and critic-free learner, single rollouts
+    # with a per-prompt running-mean baseline against GRPO groups of 8.
+    "async_single": ["run.concurrency=threads", "algorithm.name=running_mean"],
+    "async_grpo": ["run.concurrency=threads", "algorithm.name=grpo_dis", "algorithm.group_size=8"],
+}
+
+
+def base_overrides(args: argparse.Namespace, out_dir: Path) -> list[str]:
+    return [
+        "learner.sft_steps=0",  # random init: throughput does not depend on what it knows
+        "critic.warmup_steps=0",  # every step is a full SAO step (critic + policy)
+        f"learner.batch_size={args.batch}",
+        f"learner.micro_batch_size={args.micro_batch}",
+        f"learner.micro_batch_tokens={args.micro_batch_tokens}",
+        f"rollout.max_concurrent={args.concurrent}",
+        f"rollout.max_new_tokens={args.cap}",
+        f"model.max_seq_len={args.cap + 16}",
+        "rollout.forced_length=lognormal",
+        f"rollout.forced_length_median={args.median}",
+        f"rollout.forced_length_sigma={args.sigma}",
+        f"run.total_steps={args.steps}",
+        "run.eval_every=0",
+        "run.eval_samples=1",
+        "env.eval_size=8",
+        "run.checkpoint_every=0",
+        "run.progress=false",
+        f"run.output_dir={out_dir}",
+    ]
+
+
+def engine_capacity(cfg: Any, requests: int) -> dict[str, float]:
+    """Tokens/s of one engine kept full (`max_concurrent` rows) on the forced lengths."""
+    torch.set_num_threads(cfg.run.torch_threads)
+    torch.manual_seed(cfg.run.seed)
+    model, tok = load_policy(cfg.model)
+    rc = cfg.rollout
+    engine = HFEngine(
+        model, tok, max_seq_len=cfg.model.max_seq_len, max_concurrent=rc.max_concurrent, seed=1
+    )
+    task, rng = ArithmeticTask(), random.Random(0)
+    draw = lognormal_lengths(rc.forced_length_median, rc.forced_length_sigma, cfg.run.seed + 99)
+    lengths = [min(draw(), rc.max_new_tokens) for _ in range(requests)]
+    reqs = [
+        GenerationRequest(tok.encode(task.sample(rng).prompt), n, request_id=i, min_new_tokens=n)
+        for i, n in enumerate(lengths)
+    ]
+    # Steady state: time from the moment the first rows retire until the queue runs dry.
+    for r in reqs:
+        engine.add_request(r)
+    t0, tok0, t_end, tok_end = None, 0, 0.0, 0
+    while engine.num_unfinished():
+        done = engine.step()
+        if done and t0 is None:
+            t0, tok0 = time.perf_counter(), engine.tokens_generated
+        if engine._queue or t0 is None:
+            t_end, tok_end = time.perf_counter(), engine.tokens_generated
+    tokens_per_s = (tok_end - tok0) / max(t_end - (t0 or t_end), 1e-9)
+    return {"tokens_per_s": tokens_per_s, "mean_length": statistics.mean(lengths)}
+
+
+def steady(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
+    """Per-step figures over steps `skip`..last from cumulative metrics."""
+    rows = [r for r in rows if r.get("step", 0) >= 1 and "time/wall_s" in r]
+    a, b = rows[skip - 1], rows[-1]
+    steps = b["step"] - a["step"]
+    wall = b["time/wall_s"] - a["time/wall_s"]
+
+    def cum(r: dict[str, Any], key: str) -> float:
+        return r[key] * r["time/wall_s"]
+
+    waited = cum(b, "perf/learner_idle_frac") - cum(a, "perf/learner_idle_frac")
+    r_idle = cum(b, "perf/rollout_idle_frac") - cum(a, "perf/rollout_idle_frac")
+    window = [r for r in rows if r["step"] > a["step"]]
+    out = {
+        "steps": steps,
+        "step_s": wall / steps,
+        "learner_idle_frac": waited / wall,
+        "rollout_idle_frac": r_idle / wall,
+        "gen_wait_s": waited / steps,
+        "train_s": (wall - waited) / steps,
+        "response_len_mean": statistics.mean(r["rollout/response_len_mean"] for r in window),
+        "staleness_mean": statistics.mean(r["async/staleness_mean"] for r in window),
+    }
+    waits = [r["async/group_wait_s"] for r in window if "async/group_wait_s" in r]
+    if waits:
+        out["group_wait_s"] = statistics.mean(waits)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps per arm")
+    p.add_argument("--skip", type=int, default=4, help="steps left out as pipeline fill")
+    p.add_argument("--median", type=int, default=48, help="median response length, tokens")
+    p.add_argument("--sigma", type=float, default=1.0, help="sigma of log(response length)")
+    p.add_argument("--cap", type=int, default=384, help="max response length, tokens")
+    p.add_argument("--batch", type=int, default=64, help="trajectories per optimizer step")
+    p.add_argument("--micro-batch", type=int, default=16, help="trajectories per fwd/bwd")
+    p.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=1024,
+        help="packed tokens per fwd/bwd (learner.micro_batch_tokens); 0 = padded",
+    )
+    p.add_argument("--concurrent", type=int, default=64, help="rollout.max_concurrent")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of arms")
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
+    args = p.parse_args()
+
+    load = os.getloadavg()[0]
+    results: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = base_overrides(args, Path(tmp))
+        cap = engine_capacity(load_config(None, base), requests=4 * args.concurrent)
+        for arm in args.arms.split(","):
+            cfg = load_config(None, [*base, *ARMS[arm], f"run.name={arm}"])
+            t0 = time.perf_counter()
+            summary = train_from_config(cfg)
+            rows = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
+            results[arm] = {**steady(rows, args.skip), "run_s": time.perf_counter() - t0}
+            r = results[arm]
+            r["trained_tokens_per_s"] = args.batch * r["response_len_mean"] / r["step_s"]
+            print(f"  {arm}: {results[arm]['step_s']:.2f} s/step", flush=True)
+
+    sync = results.get("sync")
+    ideal = None
+    if sync:
+        t_gen_full = args.batch * sync["response_len_mean"] / cap["tokens_per_s"]
+        ideal = (sync["gen_wait_s"] + sync["train_s"]) / max(sync["train_s"], t_gen_full)
+        stages = {
+            "t_gen_sync_s": sync["gen_wait_s"],
+            "t_train_s": sync["train_s"],
+            "t_gen_full_s": t_gen_full,
+            "ideal_speedup": ideal,
+        }
+        for r in results.values():
+            r["speedup_vs_sync"] = sync["step_s"] / r["step_s"]
+    print(
+        f"\nasync vs sync, long-tailed lengths: lognormal median {args.median} sigma "
+        f"{args.sigma} cap {args.cap}, batch {args.batch}, {args.steps} steps "
+        f"({args.skip} skipped), load average at start {load:.2f}"
+    )
+    print(
+        f"{'arm':12} {'s/step':>7} {'speedup':>8} {'tokens/s':>9} {'learner idle':>13} "
+        f"{'rollout idle':>13} {'staleness':>10} {'group wait s':>13}"
+    )
+    for arm, r in results.items():
+        gw = f"{r['group_wait_s']:.2f}" if "group_wait_s" in r else "-"
+        print(
+            f"{arm:12} {r['step_s']:7.2f} {r.get('speedup_vs_sync', float('nan')):8.2f} "
+            f"{r['trained_tokens_per_s']:9.0f} "
+            f"{100 * r['learner_idle_frac']:12.1f}% {100 * r['rollout_idle_frac']:12.1f}% "
+            f"{r['staleness_mean']:10.2f} {gw:>13}"
+        )
+    if sync:
+        print(
+            f"\nstages (sync run): t_gen_sync {stages['t_gen_sync_s']:.2f} s, t_train "
+            f"{stages['t_train_s']:.2f} s, t_gen_full {stages['t_gen_full_s']:.2f} s "
+            f"(engine kept full: {cap['tokens_per_s']:.0f} tokens/s)"
+        )
+        print(
+            f"ideal async speedup = (t_gen_sync + t_train) / max(t_train, t_gen_full) = {ideal:.2f}"
+        )
+        print(
+            f"rollout capacity / learner demand = t_train / t_gen_full = "
+            f"{stages['t_train_s'] / stages['t_gen_full_s']:.2f}"
+        )
+    targets = {}
+    if sync and "async" in results:
+        got, idle = results["async"]["speedup_vs_sync"], results["async"]["learner_idle_frac"]
+        targets = {
+            "speedup_at_least_2.8": [got, got >= 2.8],
+            "within_15pct_of_ideal": [got / ideal, got >= 0.85 * ideal],
+            "async_learner_idle_below_10pct": [idle, idle < 0.10],
+        }
+        print(f"async reaches {got:.2f}x = {100 * got / ideal:.0f}% of the ideal")
+        for name, (value, met) in targets.items():
+            print(f"target {name}: {value:.3f} -> {'met' if met else 'MISSED'}")
+    if "async_single" in results and "async_grpo" in results:
+        cost = results["async_grpo"]["step_s"] / results["async_single"]["step_s"]
+        print(f"group barrier: async_grpo step time / async_single step time = {cost:.2f}")
+    report = {
+        "benchmark": "async_vs_sync",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "load_average_at_start": load,
+        },
+        "workload": {
+            k: getattr(args, k)
+            for k in (
+                "steps",
+                "skip",
+                "median",
+                "sigma",
+                "cap",
+                "batch",
+                "micro_batch",
+                "micro_batch_tokens",
+                "concurrent",
+            )
+        },
+        "engine_full_occupancy": cap,
+        "stages": stages if sync else None,
+        "targets": targets,
+        "arms": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
