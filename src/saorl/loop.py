@@ -448,6 +448,9 @@ def _rl_loop(
     finally:
         for w in workers:
             w.stop_thread()
+            close = getattr(w.engine, "close", None)  # vLLM: abort, shut down, temp files
+            if close is not None:
+                close()
     return {
         **extra,
         "final_eval_accuracy": last_eval["eval/accuracy"] if last_eval else None,
