@@ -1,0 +1,123 @@
+"""Learner batches from finished trajectories: completion order, whole groups, staleness drop,
+and the replacement of crashed rollout workers. Used by `saorl.loop`."""
+
+from __future__ import annotations
+
+import queue
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from saorl.config import ConfigError
+from saorl.rollout.agent import UNTRAINABLE
+from saorl.rollout.worker import PromptFeed, RolloutWorker
+from saorl.types import Trajectory
+
+
+class BatchCollector:
+    """Forms learner batches from finished trajectories, in completion order.
+
+    Single-rollout algorithms take the first `n` fresh-enough trajectories. Group algorithms
+    (GRPO) take whole groups: a group is ready when its last member finishes (the hidden
+    barrier the paper measures: `async/group_wait_s` is the time from its first member
+    finishing to its last), and is dropped whole if any member failed or is too stale.
+    Every dropped rollout frees its admission slot so a replacement can start.
+    """
+
+    def __init__(self, workers: list[RolloutWorker], feed: PromptFeed,
+                 out: queue.Queue[Trajectory], group_size: int, sync: bool) -> None:  # fmt: skip
+        self.workers, self.feed, self.out = workers, feed, out
+        self.group_size, self.sync = group_size, sync
+        self.partial: dict[int, list[Trajectory]] = {}
+        self.first_done: dict[int, float] = {}
+        self.failed = 0  # rollouts ended by an environment error or an abort (not trained)
+        self.respawn: Callable[[int], Any] | None = None  # builds worker i anew after a crash
+        self.max_restarts, self.restarts = 0, 0
+        self.too_long = 0  # prompts that filled the context before any token was generated
+        self._too_long_streak = 0
+
+    def _next(self) -> Trajectory | None:
+        for w in self.workers:
+            if self.sync:  # synchronous mode: the learner is idle for as long as generation runs
+                try:
+                    w.fill()
+                    w.step()
+                except Exception as e:  # handled like a worker thread's crash, just below
+                    w.error = e
+        for i, w in enumerate(self.workers):
+            if w.error is not None:
+                self._restart(i, w)
+        try:
+            return self.out.get(timeout=0.0 if self.sync else 1.0)
+        except queue.Empty:
+            return None
+
+    def _restart(self, i: int, dead: Any) -> None:
+        """Replace a worker whose thread (or actor) died: its episodes are re-issued to the new
+        one, which samples from the current weights; past `run.max_worker_restarts`, fail."""
+        if self.respawn is None or self.restarts >= self.max_restarts:
+            raise RuntimeError(
+                f"{dead.name} failed ({self.restarts} restarts so far, run.max_worker_restarts="
+                f"{self.max_restarts}): {type(dead.error).__name__}: {dead.error}"
+            ) from dead.error
+        self.restarts += 1
+        print(f"saorl: {dead.name} failed ({type(dead.error).__name__}: {dead.error}); "
+              f"restarting it ({self.restarts}/{self.max_restarts})", file=sys.stderr)  # fmt: skip
+        dead.stop_thread()
+        self.feed.reissue(dead.in_flight())
+        self.workers[i] = self.respawn(i)
+        if not self.sync:
+            self.workers[i].start()
+
+    def _check_prompt_length(self, traj: Trajectory, n: int) -> None:
+        """Count prompts longer than the context (trained as empty rollouts: no gradient); a long
+        run of nothing else means the data does not fit the model, which is an input error."""
+        if traj.stop_reason != "context" or traj.completion_ids:
+            self._too_long_streak = 0
+            return
+        self.too_long += 1
+        self._too_long_streak += 1
+        if self._too_long_streak >= max(4 * n, 64):
+            raise ConfigError(
+                f"the last {self._too_long_streak} prompts were all longer than the context "
+                f"({traj.info.get('error', '')}): raise model.max_seq_len or drop long problems "
+                "from the dataset"
+            )
+
+    def _drop(self, count: int) -> None:
+        for _ in range(count):
+            self.feed.release()
+
+    def collect(
+        self, version: int, n: int, max_staleness: int
+    ) -> tuple[list[Trajectory], int, float, list[float]]:
+        """`(batch, dropped as too stale, seconds waited, group waits in seconds)`."""
+        batch: list[Trajectory] = []
+        dropped, waited, group_waits = 0, 0.0, []
+        while len(batch) < n:
+            t0 = time.perf_counter()
+            traj = self._next()
+            waited += time.perf_counter() - t0
+            if traj is None:
+                continue
+            self._check_prompt_length(traj, n)
+            members = [traj]
+            if self.group_size > 1:
+                g = traj.group_id
+                self.first_done.setdefault(g, time.perf_counter())
+                self.partial.setdefault(g, []).append(traj)
+                if len(self.partial[g]) < self.group_size:
+                    continue
+                members = self.partial.pop(g)
+                group_waits.append(time.perf_counter() - self.first_done.pop(g))
+            if any(t.stop_reason in UNTRAINABLE for t in members):
+                self.failed += sum(t.stop_reason in UNTRAINABLE for t in members)
+                self._drop(len(members))  # infrastructure failure: says nothing about the policy
+                continue
+            if max(t.staleness(version) for t in members) > max_staleness:
+                dropped += len(members)  # the safety net behind admission control
+                self._drop(len(members))
+                continue
+            batch.extend(members)
+        return batch, dropped, waited, group_waits
