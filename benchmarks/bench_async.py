@@ -38,9 +38,7 @@ Figures are over the steady-state steps (after `--skip` steps that fill the pipe
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import statistics
 import tempfile
@@ -49,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
 from saorl.envs.arithmetic import ArithmeticTask
@@ -247,12 +246,7 @@ def main() -> None:
     report = {
         "benchmark": "async_vs_sync",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "load_average_at_start": load,
-        },
+        "machine": machine(load),
         "workload": {
             k: getattr(args, k)
             for k in (
@@ -272,9 +266,7 @@ def main() -> None:
         "targets": targets,
         "arms": results,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,14 @@ vocabulary 151936) for a GPU run; the default is the built-in tiny model (2 laye
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import random
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
 from saorl.envs.arithmetic import ArithmeticTask
@@ -219,14 +218,7 @@ def main() -> None:
     report = {
         "benchmark": "engine",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "device": args.device,
-            "threads": args.threads,
-            "load_average_at_start": load,
-        },
+        "machine": machine(load, device=args.device, threads=args.threads),
         "workload": {
             k: getattr(args, k)
             for k in ("model", "requests", "length", "median", "sigma", "cap", "concurrent")
@@ -234,9 +226,7 @@ def main() -> None:
         "vllm": vllm_note or "compared",
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 
 import torch
+from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 VOCAB = 151_936  # Qwen3's vocabulary
 
@@ -240,15 +240,9 @@ def main() -> None:
         "logprobs": logprobs,
         "ratios": ratios,
         "targets": targets,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "platform": platform.platform(),
-            "torch": torch.__version__,
-        },
+        "machine": machine(),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":

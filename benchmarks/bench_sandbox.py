@@ -13,9 +13,7 @@ threads (default: the sandbox's own concurrency bound). Reported as ratios to th
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,6 +21,8 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.envs.sandbox import run, run_python, sandbox_info
 
@@ -127,11 +127,7 @@ def main() -> None:
     report = {
         "benchmark": "sandbox",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "load_average_at_start": load,
-        },
+        "machine": machine(load),
         "sandbox": {
             "bwrap_version": info.bwrap_version,
             "cgroups": list(info.cgroup_controllers),
@@ -141,9 +137,7 @@ def main() -> None:
         "throughput_threads": threads,
         "rows": rows,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_report(args.out, report)
 
 
 if __name__ == "__main__":
