@@ -12,6 +12,8 @@ import warnings
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import assume, example, given, settings
+from hypothesis import strategies as st
 
 from saorl.envs import math_grader
 from saorl.envs.math_grader import extract_boxed, grade, grade_batch, normalize_answer
@@ -53,6 +55,12 @@ def test_extract_boxed(text: str, expected: str | None) -> None:
     assert extract_boxed(text) == expected
 
 
+def test_extract_boxed_stops_at_max_chars() -> None:
+    assert extract_boxed("\\boxed{ 12345 }", max_chars=7) == "12345"
+    assert extract_boxed("\\boxed{ 12345 }", max_chars=6) is None
+    assert extract_boxed("\\boxed{" + "{" * 10**6, max_chars=10) is None
+
+
 def test_normalize_answer() -> None:
     assert normalize_answer("$\\left( 3, \\dfrac{\\pi}{2} \\right)$.") == "(3,\\frac{\\pi}{2})"
     assert normalize_answer("1,000,000") == "1000000"
@@ -77,6 +85,7 @@ EQUIVALENT = [
     ("\\boxed{1,000}", "1000"),
     ("\\boxed{1000}", "1,000"),
     ("\\boxed{1{,}234{,}567}", "1234567"),
+    ("\\boxed{1,500 \\text{ dollars}}", "1500"),  # a thousands separator is not a list
     ("\\boxed{\\$18}", "18"),
     # decimals
     ("\\boxed{18.00}", "18"),
@@ -110,6 +119,24 @@ EQUIVALENT = [
     ("\\boxed{(2, \\infty) \\cup (-\\infty, 1)}", "(-\\infty,1)\\cup(2,\\infty)"),
     ("\\boxed{x \\in [1, 2]}", "[1,2]"),
     ("\\boxed{\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}}", "\\begin{pmatrix}1\\\\2\\end{pmatrix}"),
+    # separators that are structure, not alternatives: a union answering a set-valued
+    # reference, `&` and `\\` inside a matrix, absolute-value bars
+    ("\\boxed{[1,2) \\cup [2,3]}", "[1,3]"),
+    ("\\boxed{\\{1\\} \\cup \\{2\\}}", "\\{1, 2\\}"),
+    (
+        "\\boxed{\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}}",
+        "\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}",
+    ),
+    ("\\boxed{|1-x|}", "|x-1|"),
+    ("\\boxed{\\left| -3 \\right|}", "3"),
+    ("\\boxed{\\lvert -3 \\rvert}", "3"),
+    # one number after a relation sign, a trailing period
+    ("\\boxed{\\approx 5}", "5"),
+    ("\\boxed{\\Rightarrow 5}", "5"),
+    ("\\boxed{\\frac{1}{2}.}", "0.5"),
+    ("\\boxed{x = \\frac{1}{2}.}", "0.5"),
+    ("\\boxed{x \\equiv 3 \\pmod{7}}", "3"),  # the modulus is context, not a second candidate
+    ("\\boxed{3 \\pmod 7}", "3"),
     # text and units
     ("\\boxed{5\\text{ cm}}", "5"),
     ("\\boxed{10 \\text{ dollars}}", "10"),
@@ -151,6 +178,28 @@ NOT_EQUIVALENT = [
     ("\\boxed{1 \\text{ and } 2}", "1"),
     ("\\boxed{\\{1, 2\\}}", "1"),
     ("\\boxed{1} or \\boxed{2}", "1"),  # last box wins
+    # other spellings of a disjunction (math-verify reads each of these as the last number)
+    ("\\boxed{{1 \\lor 2}}", "2"),
+    ("\\boxed{1 \u2228 2}", "2"),
+    ("\\boxed{1 \\operatorname{or} 2}", "2"),
+    ("\\boxed{1 \\textsf{or} 2}", "2"),
+    ("\\boxed{1 \\cup 2}", "2"),
+    ("\\boxed{1 \\mid 2}", "2"),
+    ("\\boxed{1 \\\\ 2}", "2"),
+    ("\\boxed{1 | 2}", "2"),
+    ("\\boxed{1 \\| 2}", "2"),
+    ("\\boxed{1 \\land 2}", "2"),
+    ("\\boxed{2^{1 \\lor 2}}", "2"),
+    # an answer math-verify cannot parse is not graded by a number picked out of it
+    ("\\boxed{1 \\oplus 2}", "2"),
+    ("\\boxed{1 \\to 2}", "2"),
+    ("\\boxed{1 \\sim 2}", "2"),
+    ("\\boxed{1 \\cap 2}", "2"),
+    ("\\boxed{1 \\setminus 2}", "2"),
+    ("\\boxed{1 @ 2}", "2"),
+    ("\\boxed{x^2 \\foo 7}", "7"),
+    ("\\boxed{\\begin{aligned} x &= 1 \\\\ x &= 2 \\end{aligned}}", "2"),
+    ("\\boxed{\\begin{cases} 1 \\\\ 2 \\end{cases}}", "2"),
 ]
 
 
@@ -182,6 +231,196 @@ def test_fast_path_needs_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [grade(r, ref) for r, ref, _ in cases] == [g for *_, g in cases]
 
 
+# Every way of writing "a or b" (and the list separators) that the hedge check must see, in any
+# amount of redundant braces. Each one is decided by the fast path, without math-verify.
+HEDGE_SEPARATORS = [
+    # disjunctions: a hedge wherever they stand, even inside an argument
+    "or",
+    "\\lor",
+    "\\vee",
+    "\u2228",  # ∨
+    "\\text{or}",
+    "\\text{ or }",
+    "\\textbf{or}",
+    "\\textsf{or}",
+    "\\mathrm{or}",
+    "\\operatorname{or}",
+    "\\hbox{ or }",
+    "\\;\\text{or}\\;",
+    "\\quad\\text{or}\\quad",
+    "\\text{ and/or }",
+    # list separators: alternatives at the top level only
+    ",",
+    ";",
+    "and",
+    "\\text{ and }",
+    "\\land",
+    "\\wedge",
+    "\u2227",  # ∧
+    "\\&",
+    "&",
+    "\\cup",
+    "\u222a",  # ∪
+    "\\mid",
+    "\\\\",
+    "\\newline",
+    "\\cr",
+    "|",
+    "\\vert",
+    "\\|",
+    "\\parallel",
+]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    separator=st.sampled_from(HEDGE_SEPARATORS),
+    first=st.integers(0, 99),
+    second=st.integers(0, 99),
+    braces=st.integers(0, 3),
+    space=st.sampled_from(["", " "]),
+)
+def test_hedges_grade_zero_in_every_spelling(
+    separator: str, first: int, second: int, braces: int, space: str
+) -> None:
+    assume(first != second)
+    hedge = f"{first}{space}{separator}{space}{second}"
+    answer = "{" * braces + hedge + "}" * braces
+    for reference in (str(first), str(second)):
+        assert math_grader._fast_verdict(answer, reference) == 0.0
+    assert math_grader._fast_verdict(f"either {first} or {second}", str(second)) == 0.0
+
+
+def _single_answers() -> st.SearchStrategy[str]:
+    """LaTeX for one value, set or interval: fractions, roots, powers, absolute values, norms,
+    tuples, set-builder sets, matrices, redundant braces, wrappers and sizes."""
+    leaf = st.one_of(
+        st.integers(-999, 999).map(str),
+        st.sampled_from(["x", "\\pi", "\\infty", "0.5", "1,000", "\\text{cm}", "e"]),
+    )
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        pair = st.tuples(inner, inner)
+        return st.one_of(
+            pair.map(lambda p: f"\\frac{{{p[0]}}}{{{p[1]}}}"),
+            pair.map(lambda p: f"{p[0]}^{{{p[1]}}}"),
+            pair.map(lambda p: f"{p[0]} + {p[1]}"),
+            pair.map(lambda p: f"{p[0]} \\cdot {p[1]}"),
+            pair.map(lambda p: f"({p[0]}, {p[1]}]"),
+            pair.map(lambda p: f"\\{{x \\mid {p[0]} < x \\text{{ and }} x < {p[1]}\\}}"),
+            pair.map(lambda p: f"\\begin{{pmatrix}} {p[0]} & {p[1]} \\\\ {p[1]} \\end{{pmatrix}}"),
+            pair.map(lambda p: f"|{p[0]}| - \\|{p[1]}\\|"),
+            pair.map(lambda p: f"\\sqrt[{p[0]}]{{{p[1]}}}"),
+            inner.map(lambda e: f"\\left| {e} \\right|"),
+            inner.map(lambda e: f"\\bigl( {e} \\bigr)"),
+            inner.map(lambda e: f"{{{e}}}"),
+            inner.map(lambda e: f"\\mathbf{{{e}}}"),
+            inner.map(lambda e: f"-{e}"),
+        )
+
+    return st.recursive(leaf, extend, max_leaves=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(answer=_single_answers())
+@example(answer="\\left| 1,000 - x \\right| + 2,000")
+@example(answer="\\{x \\mid 0 < x \\text{ and } x < 1\\}")
+def test_single_answers_are_one_item(answer: str) -> None:
+    assert math_grader._count_alternatives(answer) == 1
+    assert math_grader._fast_verdict(answer, "y") is None  # not rejected: math-verify decides
+
+
+@pytest.mark.parametrize(
+    ("answer", "items"),
+    [
+        # structure, not alternatives: one item each
+        ("\\{x \\mid x > 1 \\text{ and } x < 3\\}", 1),  # set-builder
+        ("P(A \\mid B)", 1),
+        ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", 1),
+        ("\\begin{cases} 1 & x < 0 \\\\ 2 & x \\ge 0 \\end{cases}", 1),
+        ("|x - 1| + |x|", 1),
+        ("\\left| x \\right|", 1),
+        ("\\|v\\|", 1),
+        ("\\frac{1}{2}", 1),
+        ("\\sqrt[3]{2}", 1),
+        ("a_{1,2}", 1),
+        ("\\binom{5}{2}", 1),
+        ("1,000", 1),
+        ("1,000 + 2,000", 1),
+        ("\\text{color}", 1),
+        ("(1, 2]", 1),
+        ("1/2", 1),  # a fraction: math-verify grades it by its value
+        # alternatives
+        ("{1 \\lor 2}", 2),
+        ("{{1, 2}}", 2),
+        ("\\sqrt{1 \\lor 16}", 2),
+        ("\\text{1 or more}", 2),
+        ("1 \\\\ 2 \\\\ 3", 3),
+        ("1 | 2", 2),
+        ("OR", 1),  # capitals are point names (a segment OR), not the word
+    ],
+)
+def test_count_alternatives(answer: str, items: int) -> None:
+    assert math_grader._count_alternatives(answer) == items
+
+
+def test_union_is_an_alternative_only_when_the_reference_is_not_a_set() -> None:
+    hedge = "(-\\infty, 1) \\cup (2, \\infty)"
+    assert math_grader._fast_verdict(hedge, "2") == 0.0
+    assert math_grader._fast_verdict(hedge, "(-\\infty, 1)\\cup(2,\\infty)") == 1.0
+    assert math_grader._fast_verdict(hedge, "(-\\infty, 1]") is None  # math-verify decides
+    assert math_grader._fast_verdict("\\{1\\} \\cup \\{2\\}", "\\{1, 2\\}") is None
+    assert math_grader._fast_verdict("x \\in [1,2) \\cup [2,3]", "x \\in [1, 3]") is None
+
+
+# Inputs on which a quadratic string scan takes minutes. Each is far over the length of a real
+# answer; the bound is generous, it only tells linear from quadratic.
+PATHOLOGICAL = {
+    "nested \\text": "\\text{" * 14_000 + "x" + "}" * 14_000,
+    "open braces": "{" * 100_000,
+    "balanced braces": "{" * 50_000 + "}" * 50_000,
+    "nested \\frac": "\\frac{" * 20_000 + "1" + "}{2}" * 20_000,
+    "unclosed \\text": "\\text{a" * 20_000,
+    "digits then a letter": "1" * 100_000 + "x",
+    "thousands then a letter": "1" + ",000" * 30_000 + "x",
+    "separators": "1 \\lor " * 20_000,
+}
+
+
+@pytest.mark.parametrize("text", PATHOLOGICAL.values(), ids=PATHOLOGICAL.keys())
+def test_string_functions_are_linear(text: str) -> None:
+    start = time.monotonic()
+    normalize_answer(text)
+    math_grader._count_alternatives(text)
+    math_grader._fast_verdict(text, "1")
+    extract_boxed("\\boxed{" + text + "}")
+    assert time.monotonic() - start < 5.0
+
+
+def test_timeout_bounds_the_whole_grade(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Whatever the fast path spent is taken from math-verify's budget, not added to it.
+    fast_verdict = math_grader._fast_verdict
+    budgets: list[float] = []
+
+    def slow_fast_path(answer: str, reference: str) -> float | None:
+        time.sleep(0.5)
+        return fast_verdict(answer, reference)
+
+    def record_budget(fn: object, *args: object, wait_s: float) -> None:
+        budgets.append(wait_s)
+
+    monkeypatch.setattr(math_grader, "_fast_verdict", slow_fast_path)
+    monkeypatch.setattr(math_grader, "_call_in_worker", record_budget)
+    monkeypatch.setattr(math_grader, "_math_verify_installed", lambda: True)
+    monkeypatch.setattr(math_grader, "_unavailable", None)
+    assert grade("\\boxed{\\sqrt{4}}", "2", timeout_s=2.0) == 0.0  # the recorder says None
+    assert len(budgets) == 1 and budgets[0] <= 2.0 - 0.5 + math_grader._GRACE_S
+    start = time.monotonic()
+    assert grade("\\boxed{\\sqrt{4}}", "2", timeout_s=0.3) == 0.0  # nothing left for the check
+    assert time.monotonic() - start < 0.3 + 0.5
+    assert len(budgets) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # The worker process: threads, batches, timeouts, missing math-verify
 
@@ -209,6 +448,35 @@ def test_pathological_input_is_graded_zero_within_the_timeout() -> None:
     assert grade("\\boxed{2^{2^{2^{2^{2^{2}}}}}}", "1", timeout_s=timeout_s) == 0.0
     assert time.monotonic() - start < timeout_s + 3
     assert grade("\\boxed{\\sqrt{4}}", "2.0") == 1.0  # the grader still works afterwards
+
+
+HOSTILE_RESPONSES = {
+    **{name: "\\boxed{" + text + "}" for name, text in PATHOLOGICAL.items()},
+    # under the answer-length limit, so math-verify gets them
+    "nested \\text, short": "\\boxed{" + "\\text{" * 1_500 + "x" + "}" * 1_500 + "}",
+    "nested \\frac, short": "\\boxed{" + "\\frac{" * 900 + "1" + "}{2}" * 900 + "}",
+    "nested \\sqrt": "\\boxed{" + "\\sqrt{" * 1_500 + "2" + "}" * 1_500 + "}",
+    "nested parentheses": "\\boxed{" + "(" * 4_000 + "1" + ")" * 4_000 + "}",
+    "power tower": "\\boxed{" + "x^{" * 2_000 + "x" + "}" * 2_000 + "}",
+    "balanced braces, short": "\\boxed{" + "{" * 4_000 + "2" + "}" * 4_000 + "}",
+    "10^{10^{10}}": "\\boxed{10^{10^{10}}}",
+    "9^{9^{9}}": "\\boxed{9^{9^{9}}}",
+    "9**9**9": "\\boxed{9**9**9}",
+    "9**9**9**9": "\\boxed{9**9**9**9}",
+    "(9!)!!": "\\boxed{(9!)!!}",
+    "long decimal": "\\boxed{" + "9" * 4_000 + "." + "9" * 4_000 + "}",
+    "many boxes": "\\boxed{1}" * 50_000,
+}
+
+
+@needs_math_verify
+@pytest.mark.parametrize("response", HOSTILE_RESPONSES.values(), ids=HOSTILE_RESPONSES.keys())
+def test_hostile_answers_grade_zero_within_the_timeout(response: str) -> None:
+    grade("\\boxed{\\frac{1}{2}}", "0.5")  # a worker killed by the previous case restarts here
+    timeout_s = 1.0
+    start = time.monotonic()
+    assert grade(response, "1.5", timeout_s=timeout_s) == 0.0
+    assert time.monotonic() - start < timeout_s + 5
 
 
 @needs_math_verify

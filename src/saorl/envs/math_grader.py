@@ -5,35 +5,60 @@
 
 Pipeline, first decisive step wins:
 1. `extract_boxed`: the LAST `\\boxed{...}` (or `\\fbox{...}`) with balanced braces. No boxed
-   answer, an empty one, or a truncated one (braces never close) grades 0.
-2. Hedge check: an answer that lists several alternatives ("1 or 2", "1, 2", "1; 2",
-   "1 \\lor 2", "1 and 2") while the reference is a single item grades 0. math-verify alone is
-   not enough here: it reads `1 \\lor 2` as `2`, so "2 \\lor 1" would pass for reference "1".
-3. Fast path, in this process: equal after `normalize_answer` (spaces, `$`, `\\left`/`\\right`,
-   spacing macros, `\\text{...}` wrappers, trailing `.`, `1,000` separators, `\\dfrac`) -> 1;
-   two plain numbers -> equal decimals grade 1, unequal integers grade 0 (so AIME/GSM8K-style
-   answers never start a worker). Anything else goes on.
-4. Slow path: `math_verify.parse` + `math_verify.verify` (symbolic and numeric equivalence,
+   answer, an empty one, a truncated one (braces never close) or one longer than
+   `_MAX_ANSWER_CHARS` grades 0.
+2. Fast path, in this process: equal after `normalize_answer` (spaces, `$`, `\\left`/`\\right`
+   and `\\big`-style sizes, spacing macros, `\\text{...}`-style wrappers, trailing `.`, `1,000`
+   separators, `\\dfrac`) -> 1.
+3. Hedge check: an answer that offers several alternatives while the reference is a single item
+   grades 0 (`_count_alternatives`). It reads the answer after `normalize_answer`'s markup
+   stripping, with Unicode operators mapped to their macros and redundant `{...}` groups ignored,
+   so `{1 \\lor 2}`, `1 \u2228 2` and `1 \\operatorname{or} 2` are all seen. Separators:
+   - disjunctions, anywhere, even inside an argument (`2^{1 \\lor 2}`): the word `or` (also from
+     `\\text{ or }`, `\\mathrm{or}`, "either 1 or 2", "and/or"), `\\lor`, `\\vee`, `\u2228`;
+   - list separators, only outside brackets, set braces, arguments and environments (where they
+     are structure: `\\{x \\mid x > 0\\}`, `(1, 2]`, a matrix's `&` and `\\\\`): `,` `;` `&`
+     `\\&`, the word `and`, `\\land` `\\wedge` `\u2227`, `\\mid`, `\\parallel`, the row breaks
+     `\\\\` `\\newline` `\\cr`; and `\\cup` `\u222a` unless the reference is itself a set or an
+     interval (then a union can be the right answer: `[1,2) \\cup [2,3]` for `[1,3]`);
+   - bars: `|` (`\\vert`) and `\\|` come in pairs around an absolute value or a norm, so an
+     odd number of them outside brackets means one separates (`1 | 2`).
+   Not separators: `/` (a fraction; math-verify grades `1/2` by its value, which no single
+   alternative shares), `\\pm` (math-verify reads `1 \\pm 2` as the set {-1, 3} and grades it as
+   such), capital `OR`/`AND` (point names, as in segment `OR`), relations and other operators
+   (`\\to`, `\\sim`, `\\oplus`, ...: the slow path below gives them no credit).
+4. Fast path, numbers: two plain numbers -> equal decimals grade 1, unequal integers grade 0 (so
+   AIME/GSM8K-style answers never start a worker). Anything else goes on.
+5. Slow path: `math_verify.parse` + `math_verify.verify` (symbolic and numeric equivalence,
    sets, intervals, units) in a worker PROCESS, because sympy can run for minutes or exhaust
    memory on a hostile answer (`10^{10^{10^{10}}}`), and math-verify's own timeout uses
-   `signal.alarm`, which only works in a main thread (DESIGN.md section 5) while rollouts grade
-   from worker threads.
+   `signal.alarm`, which only works in a main thread while rollouts grade from worker threads.
+   The answer is parsed as LaTeX, whole (`_parse_answer`): math-verify's default falls back,
+   for text its LaTeX parser rejects, to the last number in it, which would grade `1 \\oplus 2`,
+   `1 @ 2` or a two-line `aligned` list as "2". That fallback is kept only for an answer with a
+   single number in it (`\\approx 5`, `\\Rightarrow 5`), where it cannot choose among candidates.
+   A trailing period and a trailing modulus (`x \\equiv 3 \\pmod{7}`) are dropped first.
 
 Decisions (the brief is silent on these):
 - Several boxed answers: only the last counts, e.g. "\\boxed{1} or \\boxed{2}" is graded as "2".
   That is not a hedging loophole: the reward equals that of boxing only the last candidate, and
   penalising earlier boxes would punish legitimately boxed intermediate results.
 - A reference that itself contains `\\boxed{...}` (a full solution) is reduced to that content.
+- `timeout_s` bounds the whole grade: the string work of steps 1-4 is linear in the input (one
+  regex scan of the response, then at most `_MAX_ANSWER_CHARS` characters, a few milliseconds),
+  and what it spent is taken from the math-verify budget, so a hostile answer costs its caller
+  at most `timeout_s + _GRACE_S`. Not counted: waiting for the lock (below) and worker start-up.
 - One worker (`max_workers=1`) serialised by a lock: the slow path is rare once the fast path
   has run, the project's machines have 2 cores, and a timeout kills the whole pool, which must
-  not take down another caller's in-flight check. The timeout bounds one check's compute time,
-  not the time spent waiting for the lock.
-- Two timeouts: inside the worker a `setitimer` alarm raises at `timeout_s` (math-verify's own
-  alarms are disabled so they cannot cancel it), which keeps the worker alive for pure-Python
-  slowness; the parent waits `timeout_s + _GRACE_S` on the future, and on expiry (a C-level big
-  integer computation ignores signals) kills the worker and starts a fresh one on next use.
-  Worker start-up (about a second: interpreter + sympy) is waited for separately and never
-  counted against a check's timeout.
+  not take down another caller's in-flight check. Waiting for the lock is bounded by the
+  checks queued before (each at most its own `timeout_s + _GRACE_S`) and never costs a correct
+  answer its grade.
+- Two timeouts: inside the worker a `setitimer` alarm raises when the budget is spent
+  (math-verify's own alarms are disabled so they cannot cancel it), which keeps the worker alive
+  for pure-Python slowness; the parent waits `_GRACE_S` longer on the future, and on expiry (a
+  C-level big integer computation ignores signals) kills the worker and starts a fresh one on
+  next use. Worker start-up (about a second: interpreter + sympy) is waited for separately
+  (at most `_STARTUP_TIMEOUT_S`).
 - The worker's address space is capped at `_WORKER_MEMORY_BYTES`, so a blow-up raises
   MemoryError there (graded 0) instead of eating the host.
 - The worker is started with the "spawn" context (portable, safe with threads in the parent);
@@ -51,6 +76,7 @@ import multiprocessing
 import re
 import signal
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -62,19 +88,24 @@ _log = logging.getLogger(__name__)
 _GRACE_S = 1.0  # outer wait beyond timeout_s: lets the worker's own alarm fire first
 _STARTUP_TIMEOUT_S = 120.0  # worker start-up (imports sympy + math-verify); 2 busy cores
 _WORKER_MEMORY_BYTES = 4 * 2**30
+# A longer boxed answer grades 0 unread: no final answer is this long (a 10x10 matrix of
+# fractions is about 1,500 characters), and the cap bounds the work spent on hostile input.
+_MAX_ANSWER_CHARS = 10_000
 
 # --------------------------------------------------------------------------------------------
 # Extraction and normalisation (pure string functions)
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped character is content
 
 
-def extract_boxed(text: str) -> str | None:
+def extract_boxed(text: str, max_chars: int | None = None) -> str | None:
     """The content of the last `\\boxed{...}` / `\\fbox{...}` in `text`, stripped.
 
     Braces are matched by depth; escaped braces (`\\{`, `\\}`) are content, not structure. Returns
-    None when there is no boxed answer or when the last one never closes (a truncated response
-    has no final answer; an earlier, complete box is not used in its place).
+    None when there is no boxed answer, when the last one never closes (a truncated response
+    has no final answer; an earlier, complete box is not used in its place) or when its content
+    is longer than `max_chars` (the scan stops there).
     """
     last = None
     for last in _BOXED_RE.finditer(text):  # noqa: B007 - only the last match is wanted
@@ -82,34 +113,55 @@ def extract_boxed(text: str) -> str | None:
     if last is None:
         return None
     start = last.end()
+    end = len(text) if max_chars is None else min(len(text), start + max_chars + 1)
     depth = 1
-    i = start
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\":
-            i += 2
-            continue
-        if ch == "{":
+    for brace in _BRACE_RE.finditer(text, start, end):
+        if brace[0] == "{":
             depth += 1
-        elif ch == "}":
+        elif brace[0] == "}":
             depth -= 1
             if depth == 0:
-                return text[start:i].strip()
-        i += 1
+                return text[start : brace.start()].strip()
     return None
 
 
-_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![A-Za-z])")
+_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right|middle|[bB]igg?[lrm]?)(?![A-Za-z])")
 # `\\` (a row break) is matched first so that its second backslash is never read as `\ `.
 _SPACING_RE = re.compile(r"\\\\|\\[!,;:> ]|\\q?quad(?![A-Za-z])")
 _FRAC_RE = re.compile(r"\\[dt]frac(?![A-Za-z])")
-_TEXT_RE = re.compile(r"\\(?:text|textrm|textbf|textit|mathrm|mathbf|mbox)\s*\{([^{}]*)\}")
-_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
-_NUMBER_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)")
-_ALTERNATIVE_WORD_RE = re.compile(
-    r"(?<![A-Za-z\\])(?:or|and)(?![A-Za-z])"  # words, also from unwrapped \text{ or }
-    r"|\\(?:lor|vee)(?![A-Za-z])"
+# Macros whose argument is shown as it is (text, fonts, operator names): unwrapped.
+_WRAPPERS = (
+    "text|textrm|textbf|textit|textsf|texttt|textup|textnormal|textmd|textsl|emph|mbox|hbox"
+    "|mathrm|mathbf|mathit|mathsf|mathtt|mathnormal|operatorname|mathrel|mathbin"
 )
+# A wrapper's opening, an escaped character (content), or a brace.
+_WRAPPER_SCAN_RE = re.compile(
+    rf"(?P<wrapper>\\(?:{_WRAPPERS})(?![A-Za-z])\s*\{{)|\\.|[{{}}]", re.DOTALL
+)
+_WHITESPACE_RE = re.compile(r"\s+")
+_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# Unambiguous, so a failed match backtracks in linear time (`\d+\.?\d*` is quadratic).
+_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
+
+
+def _unwrap(s: str) -> str:
+    """`s` without the `\\text{`-style openings in `_WRAPPERS` and their closing braces, nested
+    ones too, in one pass."""
+    pieces: list[str] = []
+    kept_from = 0
+    wrapper_braces: list[bool] = []  # per open brace: does it close a wrapper?
+    for token in _WRAPPER_SCAN_RE.finditer(s):
+        if token.lastgroup == "wrapper":
+            pieces.append(s[kept_from : token.start()])
+            kept_from = token.end()
+            wrapper_braces.append(True)
+        elif token[0] == "{":
+            wrapper_braces.append(False)
+        elif token[0] == "}" and wrapper_braces and wrapper_braces.pop():
+            pieces.append(s[kept_from : token.start()])
+            kept_from = token.end()
+    pieces.append(s[kept_from:])
+    return "".join(pieces)
 
 
 def _strip_markup(s: str) -> str:
@@ -118,44 +170,113 @@ def _strip_markup(s: str) -> str:
     s = _LEFT_RIGHT_RE.sub("", s)
     s = _SPACING_RE.sub(lambda m: m[0] if m[0] == "\\\\" else " ", s)
     s = _FRAC_RE.sub(r"\\frac", s)
-    previous = None
-    while previous != s:  # nested wrappers unwrap from the inside out
-        previous, s = s, _TEXT_RE.sub(r"\1", s)
-    return s.replace("{,}", ",")
+    return _unwrap(s).replace("{,}", ",")
 
 
 def normalize_answer(answer: str) -> str:
     """Canonical string form for the fast equality check (never used to reject an answer).
 
-    Removes whitespace, `$` (and `\\$`), `\\left`/`\\right`, `\\!`/`\\,`/`\\;`/`\\quad`,
-    `\\text{...}`-style wrappers, trailing periods and thousands separators of a plain number
-    (`1,000` -> `1000`; `1,00` or `1,2` are lists and stay as they are); maps `\\dfrac` and
-    `\\tfrac` to `\\frac`.
+    Removes whitespace, `$` (and `\\$`), `\\left`/`\\right`/`\\big`..., `\\!`/`\\,`/`\\;`/`\\quad`,
+    `\\text{...}`-style wrappers (`_WRAPPERS`), trailing periods and thousands separators of a
+    plain number (`1,000` -> `1000`; `1,00` or `1,2` are lists and stay as they are); maps
+    `\\dfrac` and `\\tfrac` to `\\frac`. Linear in `len(answer)`.
     """
-    s = re.sub(r"\s+", "", _strip_markup(answer)).rstrip(".")
+    s = _WHITESPACE_RE.sub("", _strip_markup(answer)).rstrip(".")
     if _THOUSANDS_RE.fullmatch(s):
         s = s.replace(",", "")
     return s
 
 
-def _count_alternatives(answer: str) -> int:
-    """Top-level items of an answer: split on `,` and `;` outside brackets, and on or/and."""
-    s = _strip_markup(answer)
-    if _THOUSANDS_RE.fullmatch(re.sub(r"\s+", "", s)):
-        return 1
-    s = _ALTERNATIVE_WORD_RE.sub(";", s)
-    items, depth, current = 0, 0, ""
-    for ch in s:
-        if ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            depth -= 1
-        if ch in ",;" and depth == 0:
-            items += bool(current.strip())
-            current = ""
+# One token per environment boundary, macro, escaped character, word, number, run of spaces or
+# other character.
+_HEDGE_TOKEN_RE = re.compile(
+    r"(?P<environment>\\(?:begin|end)\s*\{[^{}]*\})|\\[A-Za-z]+|\\.|[A-Za-z]+|\d+|\s+|.",
+    re.DOTALL,
+)
+_UNICODE_OPERATORS = str.maketrans(
+    {
+        "\u2228": " \\lor ",  # ∨
+        "\u22c1": " \\lor ",  # ⋁
+        "\u2227": " \\land ",  # ∧
+        "\u22c0": " \\land ",  # ⋀
+        "\u222a": " \\cup ",  # ∪
+        "\u2223": " \\mid ",  # ∣
+        "\u2016": " \\| ",  # ‖
+    }
+)
+_OPENERS = frozenset({"(", "[", r"\{", r"\langle", r"\lbrace", r"\lbrack", r"\lceil", r"\lfloor"})
+_CLOSERS = frozenset({")", "]", r"\}", r"\rangle", r"\rbrace", r"\rbrack", r"\rceil", r"\rfloor"})
+_DISJUNCTIONS = frozenset({"or", r"\lor", r"\vee"})  # separate at any depth
+_SEPARATORS = frozenset(  # separate at the top level only
+    {",", ";", "&", r"\&", "and", r"\land", r"\wedge", r"\mid", r"\parallel"}
+    | {r"\\", r"\newline", r"\cr"}  # row breaks
+)
+_BARS = frozenset({"|", r"\vert", r"\lvert", r"\rvert"})
+_DOUBLE_BARS = frozenset({r"\|", r"\Vert", r"\lVert", r"\rVert"})
+_BEFORE_ARGUMENT = frozenset({"^", "_", "}", "]"})  # `x^{...}`, `\frac{.}{...}`, `\sqrt[3]{...}`
+_SET_MARKER_RE = re.compile(
+    r"\\(?:cup|cap|setminus|emptyset|varnothing|infty|mathbb|in)(?![A-Za-z])|\\\{"
+    "|[\u222a\u2229\u2205\u221e]"  # ∪ ∩ ∅ ∞
+)
+_THREE_DIGITS_RE = re.compile(r"\d{3}(?!\d)")
+_BRACKETED_RE = re.compile(r"[(\[\]].*[)\]\[]", re.DOTALL)  # `(1,2]`, `]0, 1[`
+
+
+def _count_alternatives(answer: str, unions: bool = True) -> int:
+    """How many alternatives `answer` offers (see the module doc, step 3). `unions`: whether
+    `\\cup` separates. One pass over the tokens: linear in `len(answer)`."""
+    s = _strip_markup(answer).translate(_UNICODE_OPERATORS)
+    items = depth = bars = double_bars = 0
+    filled = False  # the current item has content
+    arguments: list[bool] = []  # per open `{`: a macro's argument (structure) or a bare group
+    previous, previous_end = "", -1
+    for match in _HEDGE_TOKEN_RE.finditer(s):
+        token = match[0]
+        if token.isspace():
+            continue
+        if (
+            token == ","
+            and previous.isdigit()
+            and previous_end == match.start()
+            and _THREE_DIGITS_RE.match(s, match.end())
+        ):
+            token = "0"  # `1,500`: a thousands separator, content like the digits around it
+        if token == "{":
+            argument = previous in _BEFORE_ARGUMENT or (
+                previous[:1] == "\\" and previous[1:2].isalpha()
+            )
+            arguments.append(argument)
+            depth += argument
+        elif token == "}":
+            if arguments and arguments.pop():
+                depth -= 1
+        elif match.lastgroup == "environment":
+            depth += 1 if token.startswith("\\begin") else -1
+            filled = True
+        elif token in _OPENERS or token in _CLOSERS:
+            depth += 1 if token in _OPENERS else -1
+            filled = True
+        elif token in _DISJUNCTIONS or (
+            depth == 0 and (token in _SEPARATORS or (unions and token == "\\cup"))
+        ):
+            items += filled
+            filled = False
+        elif depth == 0 and token in _BARS:
+            bars += 1
+        elif depth == 0 and token in _DOUBLE_BARS:
+            double_bars += 1
         else:
-            current += ch
-    return items + bool(current.strip())
+            filled = True
+        previous, previous_end = token, match.end()
+    # Bars pair up around an absolute value (norm); an odd one out separates, as in `1 | 2`.
+    return items + filled + bars % 2 + double_bars % 2
+
+
+def _is_set_valued(normalized_reference: str) -> bool:
+    """Whether the reference is a set or an interval, which a union of sets may equal."""
+    return bool(
+        _SET_MARKER_RE.search(normalized_reference) or _BRACKETED_RE.fullmatch(normalized_reference)
+    )
 
 
 def _fast_verdict(answer: str, reference: str) -> float | None:
@@ -163,7 +284,8 @@ def _fast_verdict(answer: str, reference: str) -> float | None:
     a, r = normalize_answer(answer), normalize_answer(reference)
     if a == r:
         return 1.0
-    if _count_alternatives(answer) > 1 and _count_alternatives(reference) <= 1:
+    unions = not _is_set_valued(r)
+    if _count_alternatives(answer, unions) > 1 and _count_alternatives(reference, unions) <= 1:
         return 0.0
     if _NUMBER_RE.fullmatch(a) and _NUMBER_RE.fullmatch(r):
         try:
@@ -212,6 +334,37 @@ def _wrap(answer: str) -> str:
     return "\\boxed{" + answer + "}"
 
 
+_NUMBER_LITERAL_RE = re.compile(r"\d+(?:\.\d+)?")
+# A trailing modulus, as in `x \equiv 3 \pmod{7}`: context, not part of the value. Possessive
+# quantifiers: no backtracking over long runs of spaces.
+_MODULUS_RE = re.compile(r"\\[pb]?mod(?![A-Za-z])\s*+(?:\{\s*+\d++\s*+\}|\d++)\s*+\)?$")
+
+
+def _parse_answer(answer: str) -> list[Any]:
+    """math-verify's reading of the answer as a whole (module doc, step 5).
+
+    Dropped first: a trailing period (`\\frac{1}{2}.` does not parse) and a trailing modulus
+    (`\\pmod{7}`, `(\\bmod 7)`), whose number would otherwise count as a second candidate.
+    """
+    from math_verify import LatexExtractionConfig, parse
+
+    answer = answer.rstrip().rstrip(".")
+    modulus = _MODULUS_RE.search(answer)
+    if modulus is not None:
+        answer = answer[: modulus.start()].rstrip().removesuffix("(").rstrip()
+    boxed = _wrap(answer)
+    pred = parse(
+        boxed,
+        extraction_config=[LatexExtractionConfig()],
+        extraction_mode="first_match",  # no retry on a part of the answer
+        parsing_timeout=None,
+    )
+    parsed = any(not isinstance(p, str) for p in pred)
+    if parsed or len(_NUMBER_LITERAL_RE.findall(answer)) > 1:
+        return pred
+    return parse(boxed, parsing_timeout=None)
+
+
 def _verify_in_worker(answer: str, reference: str, budget_s: float) -> bool | None:
     """math-verify's verdict, or None when the worker's own alarm fired."""
     from math_verify import parse, verify
@@ -224,7 +377,7 @@ def _verify_in_worker(answer: str, reference: str, budget_s: float) -> bool | No
         signal.setitimer(signal.ITIMER_REAL, budget_s)
     try:
         gold = parse(_wrap(reference), parsing_timeout=None)
-        pred = parse(_wrap(answer), parsing_timeout=None)
+        pred = _parse_answer(answer)
         return bool(gold) and bool(pred) and bool(verify(gold, pred, timeout_seconds=None))
     except _WorkerTimeout:
         _log.info("math-verify hit its %.1f s alarm; answer graded 0", budget_s)
@@ -326,13 +479,13 @@ def _call_in_worker(fn: Callable[..., Any], *args: Any, wait_s: float) -> Any:
     return None
 
 
-def _slow_grade(answer: str, reference: str, timeout_s: float) -> float:
+def _slow_grade(answer: str, reference: str, budget_s: float) -> float:
     if _unavailable is None and not _math_verify_installed():
         _warn_unavailable("math-verify is not installed")
     if _unavailable is not None:
         return 0.0
     verdict = _call_in_worker(
-        _verify_in_worker, answer, reference, timeout_s, wait_s=timeout_s + _GRACE_S
+        _verify_in_worker, answer, reference, budget_s, wait_s=budget_s + _GRACE_S
     )
     return 1.0 if verdict else 0.0
 
@@ -350,23 +503,29 @@ def shutdown() -> None:
 def grade(response_text: str, reference: str, timeout_s: float = 5.0) -> float:
     """1.0 if the response's last boxed answer equals `reference`, else 0.0 (see module doc).
 
-    `timeout_s` bounds the math-verify check (seconds); past it the answer grades 0. Safe to
-    call from any thread. Raises ValueError for an empty reference (a data error, not a wrong
-    answer).
+    `timeout_s` bounds the whole grade (seconds; past it the answer grades 0), to within
+    `_GRACE_S` for a worker that must be killed; waiting for another thread's check and worker
+    start-up are not counted (module doc). Safe to call from any thread. Raises ValueError for
+    an empty reference (a data error, not a wrong answer).
     """
     if timeout_s <= 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s}")
+    deadline = time.monotonic() + timeout_s
     boxed_reference = extract_boxed(reference)
     reference = (boxed_reference if boxed_reference is not None else reference).strip()
     if not reference:
         raise ValueError("reference answer is empty; check the dataset's answer field")
-    answer = extract_boxed(response_text)
+    answer = extract_boxed(response_text, max_chars=_MAX_ANSWER_CHARS)
     if not answer:
         return 0.0
     verdict = _fast_verdict(answer, reference)
     if verdict is not None:
         return verdict
-    return _slow_grade(answer, reference, timeout_s)
+    budget_s = deadline - time.monotonic()
+    if budget_s <= 0:
+        _log.info("grading used up its %.1f s before math-verify; answer graded 0", timeout_s)
+        return 0.0
+    return _slow_grade(answer, reference, budget_s)
 
 
 def grade_batch(
@@ -374,8 +533,8 @@ def grade_batch(
 ) -> list[float]:
     """`grade` for each (response, reference) pair, in order, sharing one worker process.
 
-    Each slow-path check gets its own `timeout_s`; checks run one at a time, so a hung answer
-    delays the rest by at most `timeout_s + 1` s and never costs them their grade.
+    Each grade gets its own `timeout_s`; checks run one at a time, so a hung answer delays the
+    rest by at most `timeout_s + _GRACE_S` and never costs them their grade.
     """
     if len(responses) != len(references):
         raise ValueError(
