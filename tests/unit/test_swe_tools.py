@@ -3,6 +3,7 @@ functions; tests/integration/test_swe_env.py goes through it)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -59,11 +60,17 @@ def test_file_tools_on_a_directory(tmp_path: Path):
         (lambda r: view(r, "m.py", 50), "has 8 lines"),
         (lambda r: create(r, "m.py", "x"), "already exists"),
         (lambda r: str_replace(r, "link.py", "def", "fed"), "outside the repository"),
+        (lambda r: view(r, "fifo"), "fifo is not a regular file"),
+        (lambda r: str_replace(r, "fifo", "a", "b"), "fifo is not a regular file"),
+        (lambda r: view(r, "loop"), "loop: Too many levels of symbolic links"),
+        (lambda r: view(r, "m.py\0"), "NUL"),
     ],
 )
 def test_file_tool_errors(tmp_path: Path, call, error):
     (tmp_path / "m.py").write_text(TEXT)
     (tmp_path / "link.py").symlink_to("/etc/hostname")
+    os.mkfifo(tmp_path / "fifo")  # opening it to read would block until a writer came
+    (tmp_path / "loop").symlink_to("loop")
     with pytest.raises(ToolError, match=error):
         call(str(tmp_path))
     assert (tmp_path / "m.py").read_text() == TEXT

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from saorl.envs.swe.workspace import (
     collect_changes,
     copy_tree,
     materialize,
+    read_file,
     remove_tree,
     unified_diff,
     write_files,
@@ -78,3 +80,35 @@ def test_protected_paths():
     assert is_protected("pytest.ini", ()) and is_protected("setup.cfg", ())
     assert not is_protected("pkg/a.py", protected)
     assert not is_protected("testsuite/x.py", protected)
+
+
+def test_read_file_refuses_a_fifo_without_blocking(tmp_path: Path):
+    fifo = tmp_path / "results.jsonl"
+    os.mkfifo(fifo)
+    outcome: list[object] = []
+    reader = threading.Thread(target=lambda: outcome.append(_try(read_file, fifo)), daemon=True)
+    reader.start()
+    reader.join(5)
+    if reader.is_alive():  # blocked in open(): release it, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], OSError), outcome
+
+
+def _try(func, *args):
+    try:
+        return func(*args)
+    except OSError as e:
+        return e
+
+
+def test_names_that_are_not_utf8_round_trip(base: Path, tmp_path: Path):
+    work = copy_tree(base, tmp_path / "work")
+    (work / os.fsdecode(b"caf\xe9.py")).write_bytes(b"1\n")
+    changes = collect_changes(base, work)
+    assert list(changes) == [os.fsdecode(b"caf\xe9.py")]
+    assert "b/caf\\xe9.py" in unified_diff(base, changes)
+    grading = copy_tree(base, tmp_path / "grading")
+    assert apply_changes(grading, {**changes, "nul\0.py": b"1"}) == ["nul\0.py"]
+    assert (grading / os.fsdecode(b"caf\xe9.py")).read_bytes() == b"1\n"
+    assert b"caf\xe9.py" in os.listdir(os.fsencode(grading))

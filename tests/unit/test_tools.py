@@ -54,3 +54,17 @@ def test_malformed_hermes_calls_become_readable_errors(text, fragment):
 def test_stop_strings():
     assert stop_strings("code") == ["</python>"]
     assert stop_strings("hermes") == ["</tool_call>"]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        "[" * 100_000 + "]" * 100_000,  # past the JSON decoder's recursion limit
+        '{"name": "calc", "arguments": {"x": ' + "9" * 5000 + "}}",  # past int's digit limit
+        '{"name": "calc", "arguments": "' + "[" * 100_000 + '"}',  # double-encoded, too deep
+    ],
+)
+def test_hostile_hermes_payloads_are_error_observations_not_exceptions(payload):
+    call = parse_tool_call(f"<tool_call>{payload}</tool_call>", "hermes")
+    assert isinstance(call, ToolCallError)
+    assert "JSON" in call.message

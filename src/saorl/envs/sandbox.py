@@ -39,11 +39,11 @@ Decisions (the issue is silent on these):
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import math
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +61,7 @@ from saorl.envs import sandbox_cgroup
 from saorl.envs.sandbox_bwrap import bwrap_argv, find_bwrap, sandbox_env
 from saorl.envs.sandbox_cgroup import CallCgroups, CgroupSupport
 from saorl.envs.sandbox_io import HeadTail, Outcome, Pump, middle_truncate
+from saorl.envs.sandbox_tree import remove_tree
 
 Status = Literal["ok", "error", "timeout", "killed", "output_limit"]
 Backend = Literal["auto", "bwrap", "rlimit"]
@@ -208,7 +209,8 @@ def run(
 
     `workdir` is bound read-write at /sandbox (the cwd) and kept. Without it /sandbox is a fresh
     tmpfs of `Limits.file_size_bytes` under bwrap (a temporary host dir under the fallback),
-    gone after the call. Raises SandboxError only when the sandbox itself fails.
+    gone after the call. Raises SandboxError only when the sandbox itself fails; an `argv` no
+    process can be given (a NUL byte, past the kernel's length limit) is an "error" result.
     """
     if not argv:
         raise ValueError("argv must name a command")
@@ -244,6 +246,11 @@ def _call(
     if workdir is not None and not Path(workdir).is_dir():
         raise ValueError(f"workdir {workdir} is not a directory")
     chosen = _choose_backend(backend)
+    if (problem := _unrunnable(argv)) is not None:
+        err = HeadTail(limits.output_bytes)
+        err.feed(f"cannot execute {argv[0][:100]!r}: {problem}\n".encode(errors="replace"))
+        out = HeadTail(limits.output_bytes)
+        return _result("error", 127, f"cannot execute: {problem}", out, err, 0.0, False, chosen)
     with _slot():
         if workdir is None and chosen == "bwrap":
             return _execute(argv, None, limits, stdin, chosen, files=files)
@@ -276,6 +283,18 @@ async def arun_python(
     """`run_python` in a worker thread, so an async environment's event loop keeps going."""
     call = functools.partial(run_python, code, limits, stdin=stdin, backend=backend)
     return await asyncio.to_thread(call)
+
+
+def _unrunnable(argv: list[str]) -> str | None:
+    """Why no process could be given `argv` (untrusted text, e.g. a model's shell command)."""
+    for arg in argv:
+        if "\0" in arg:
+            return "an argument contains a NUL byte"
+        try:
+            os.fsencode(arg)
+        except UnicodeEncodeError:
+            return "an argument is not valid Unicode text"
+    return None
 
 
 # --------------------------------------------------------------------------- detection
@@ -361,18 +380,7 @@ def _work_dir(workdir: Path | None) -> Iterator[Path]:
     try:
         yield path
     finally:
-        if sys.version_info >= (3, 12):
-            shutil.rmtree(path, onexc=_make_writable_and_retry)
-        else:
-            shutil.rmtree(path, onerror=_make_writable_and_retry)
-
-
-def _make_writable_and_retry(func: object, path: str, _exc: object) -> None:
-    """rmtree hook: the sandboxed code may have left dirs without write/exec permission."""
-    with suppress(OSError):
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700)
-        func(path)  # type: ignore[operator]
+        remove_tree(path)  # whatever the code left: no permissions, nests past PATH_MAX, ...
 
 
 def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
@@ -479,10 +487,12 @@ def _execute(
         except subprocess.SubprocessError as exc:
             raise SandboxError(f"sandbox child setup (cgroup join, rlimits) failed: {exc}") from exc
         except OSError as exc:  # only the fallback execs the command itself
-            if backend == "bwrap":
+            # E2BIG: the command line is too long (a model's 200 KB command), not bwrap's fault
+            if backend == "bwrap" and exc.errno != errno.E2BIG:
                 raise SandboxError(f"cannot start bwrap: {exc}") from exc
-            err.feed(f"cannot execute {argv[0]!r}: {exc}\n".encode())
-            return _result("error", 127, f"cannot execute: {exc}", out, err, 0.0, False, backend)
+            reason = exc.strerror if exc.errno == errno.E2BIG else exc
+            err.feed(f"cannot execute {argv[0][:100]!r}: {reason}\n".encode(errors="replace"))
+            return _result("error", 127, f"cannot execute: {reason}", out, err, 0.0, False, backend)
         cleanup.callback(proc.wait)
         cleanup.callback(_kill_tree, proc, cgroups)
         pump = Pump(proc, stdin, out, err, limits.flood_bytes)

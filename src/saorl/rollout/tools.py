@@ -56,18 +56,28 @@ def parse_tool_call(
     match = matches[-1]
     if not match.group(2):
         return ToolCallError("unterminated <tool_call>: close it with </tool_call>")
-    try:
-        payload = json.loads(match.group(1))
-    except json.JSONDecodeError as e:
-        return ToolCallError(f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+    payload = _loads(match.group(1))
+    if isinstance(payload, ToolCallError):
+        return payload
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return ToolCallError('tool call must be {"name": <string>, "arguments": {...}}')
     args = payload.get("arguments", {})
     if isinstance(args, str):  # some models double-encode the arguments
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
+        args = _loads(args)
+        if isinstance(args, ToolCallError):
             return ToolCallError("tool call arguments must be a JSON object")
     if not isinstance(args, dict):
         return ToolCallError("tool call arguments must be a JSON object")
     return ToolCall(payload["name"], args)
+
+
+def _loads(text: str) -> Any:
+    """`json.loads`, with every way model text can fail it as a ToolCallError, never a raise."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        return ToolCallError(f"tool call is not valid JSON: {e.msg} at char {e.pos}")
+    except RecursionError:
+        return ToolCallError("tool call is not valid JSON: it is nested too deeply")
+    except ValueError as e:  # e.g. an integer of more than 4300 digits
+        return ToolCallError(f"tool call is not valid JSON: {str(e).split(';')[0][:200]}")

@@ -16,6 +16,10 @@ Decisions (the issue is silent on these):
   context or a turn's token budget are not graded (reward 0).
 - Disk: after each tool call the copy's size is checked; one that grew more than
   `max_growth_bytes` past the snapshot ends the episode (reward 0) and is deleted at once.
+- Whatever the agent's calls and commands are (a NUL byte, a 200 KB command, a nest of 3000
+  directories, a name that is not UTF-8, a symlink loop, a fifo), a step answers with an
+  observation or a grade. A step that raises all the same (the sandbox itself failing) first
+  deletes the copy.
 - Grades are memoised per (task, effective changes) in this process: the same diff of the
   same task always gets the same tests run, so an episode that changed nothing, the commonest
   one for a weak policy, costs no second pytest run.
@@ -25,6 +29,8 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -40,6 +46,7 @@ from saorl.envs.swe.workspace import (
     ChangesTooLarge,
     collect_changes,
     copy_tree,
+    display_path,
     remove_tree,
     tree_bytes,
     unified_diff,
@@ -49,12 +56,13 @@ from saorl.rollout.tools import ToolCallError, ToolFormat
 _CACHE_SIZE = 4096
 _cache: OrderedDict[tuple[str, str, str], GradeResult] = OrderedDict()
 _cache_lock = threading.Lock()
+_log = logging.getLogger(__name__)
 
 
 def _digest(changes: Changes) -> str:
     h = hashlib.sha256()
     for path, data in sorted(changes.items()):
-        h.update(path.encode() + b"\0" + (b"-" if data is None else b"+" + data) + b"\0")
+        h.update(os.fsencode(path) + b"\0" + (b"-" if data is None else b"+" + data) + b"\0")
     return h.hexdigest()
 
 
@@ -129,12 +137,21 @@ class SweEnv:
         return tree_bytes(self.work) - self._base_bytes > self.max_growth
 
     def _observe(self, text: str, **info: Any) -> StepResult:
+        # Valid text whatever reached it (a lone surrogate would fail the tokenizer).
+        text = text.encode("utf-8", errors="backslashreplace").decode("utf-8")
         if self.fmt == "code":
             text = f"\n<output>\n{text}\n</output>\n"
         obs = [{"role": self.observation_role, "content": text}]
         return StepResult(obs, info={"tool_call": True, **info})
 
     async def step(self, action_text: str) -> StepResult:
+        try:
+            return await self._step(action_text)
+        except Exception:
+            await asyncio.to_thread(self._cleanup)  # the episode ends here: free the disk
+            raise
+
+    async def _step(self, action_text: str) -> StepResult:
         assert self.task is not None, "step() before reset()"
         self.turns += 1
         call = parse(action_text, self.fmt)
@@ -168,13 +185,12 @@ class SweEnv:
         task = self.task
         info: dict[str, Any] = {"submitted": how, "tool_counts": dict(self.tool_counts)}
         try:
-            changes = collect_changes(task.base_dir(), self.work) if self.work else {}
-        except ChangesTooLarge as e:
-            self._cleanup()
-            return StepResult(reward=0.0, done=True, info={**info, "grade_error": str(e)})
-        try:
+            try:
+                changes = collect_changes(task.base_dir(), self.work) if self.work else {}
+            except ChangesTooLarge as e:
+                return StepResult(reward=0.0, done=True, info={**info, "grade_error": str(e)})
             info["patch"] = unified_diff(task.base_dir(), changes, max_chars=8000)
-            info["changed_files"] = sorted(changes)
+            info["changed_files"] = sorted(map(display_path, changes))
             result = cached_grade(task, changes, test_timeout_s=self.test_timeout_s,
                                   wall_s=self.grade_timeout_s, parent=self.work_parent)  # fmt: skip
         finally:
@@ -182,6 +198,9 @@ class SweEnv:
         return StepResult(reward=float(result.resolved), done=True, info={**info, **result.info()})
 
     def _cleanup(self) -> None:
+        work, self.work = self.work, None
         if self._finalizer is not None:
-            self._finalizer()  # removes the work dir once, now
-        self.work = None
+            try:
+                self._finalizer()  # removes the work dir once, now
+            except OSError as e:  # what could be deleted is gone; the rest is named
+                _log.warning("swe env: could not fully delete %s: %s", work, e)

@@ -12,13 +12,17 @@ Semantics:
   directory lists its entries two levels deep;
 - `str_replace` replaces `old` only when it occurs exactly once, else it changes nothing and says
   how many times it occurs (and on which lines);
-- `create` makes a new file (and its parent directories) and refuses to overwrite one.
+- `create` makes a new file (and its parent directories) and refuses to overwrite one;
+- only regular files are read or edited (a fifo, socket or device is refused, never opened
+  for long), and any failure, whatever the path or text, is an `error: ...` observation;
+  names that are not UTF-8 are printed as `\\xNN`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 MAX_VIEW_LINES = 400
@@ -73,6 +77,8 @@ def resolve(path: object, root: str) -> tuple[str, str]:
     """(absolute path, path as shown) of `path` inside `root`, or a ToolError."""
     if not isinstance(path, str) or not path.strip():
         raise ToolError("'path' must be a non-empty string, relative to the repository root")
+    if "\0" in path:
+        raise ToolError("'path' contains a NUL byte, which no path can hold")
     rel = path.strip()
     if os.path.isabs(rel):
         if rel != root and not rel.startswith(root.rstrip("/") + "/"):
@@ -88,11 +94,21 @@ def resolve(path: object, root: str) -> tuple[str, str]:
 
 
 def _read(full: str, shown: str) -> str:
-    if os.path.isdir(full):
+    try:
+        mode = os.stat(full).st_mode
+    except FileNotFoundError:
+        raise ToolError(f"{shown} does not exist") from None
+    except OSError as e:  # a symlink loop, a path too long, ...
+        raise ToolError(f"{shown}: {e.strerror or e}") from None
+    if stat.S_ISDIR(mode):
         raise ToolError(f"{shown} is a directory")
-    if not os.path.isfile(full):
-        raise ToolError(f"{shown} does not exist")
-    with open(full, "rb") as f:
+    if not stat.S_ISREG(mode):
+        raise ToolError(f"{shown} is not a regular file")
+    # O_NONBLOCK: a fifo put in the file's place since the check cannot hang the open
+    with os.fdopen(os.open(full, os.O_RDONLY | os.O_NONBLOCK), "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise ToolError(f"{shown} is not a regular file")
+        os.set_blocking(f.fileno(), True)
         data = f.read()
     try:
         return data.decode("utf-8")
@@ -172,8 +188,19 @@ def main() -> int:
         out = f"error: {e}"
     except OSError as e:
         out = f"error: {e.strerror or e}"
-    sys.stdout.write(out)
+    except (ValueError, RecursionError) as e:  # text no file can hold, a path too deep, ...
+        out = f"error: {type(e).__name__}: {e}"
+    sys.stdout.buffer.write(_encode(out))
     return 0
+
+
+def _encode(text: str) -> bytes:
+    """`text` as UTF-8, a name's bytes that are not UTF-8 written `\\xNN`."""
+    try:
+        raw = text.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that is no escaped byte
+        return text.encode("utf-8", errors="backslashreplace")
+    return raw.decode("utf-8", errors="backslashreplace").encode("utf-8")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ Two call formats, the ones `saorl.rollout.tools` parses (no third syntax):
   `sed -n 1,40p f.py`, `python - <<'EOF' ...`); a turn without a command submits.
 In both, a turn that makes no call submits (the agent loop's "a turn without a call is the
 answer"). Malformed calls, unknown tools and wrong arguments come back as `error: ...`
-observations; the episode goes on.
+observations; the episode goes on. Wrong arguments include what no process could be given (a NUL
+byte, a lone surrogate, a command past the kernel's 128 KiB argument limit) and sizes past the
+caps below.
 
 `bash` runs `bash -c COMMAND` in the sandbox over the episode's repository copy, with a wall-clock
 limit and capped output. The file tools run `sandbox_tools.py` in the sandbox the same way.
@@ -28,6 +30,9 @@ from saorl.envs.sandbox_io import middle_truncate
 from saorl.rollout.tools import ToolCall, ToolCallError, ToolFormat, parse_tool_call
 
 CODE_TAG = "bash"
+MAX_COMMAND_BYTES = 100_000  # a bash command (the kernel refuses one argument over 128 KiB)
+MAX_TEXT_BYTES = 1 << 20  # each string argument of the file tools
+MAX_LINE_NUMBER = 1 << 31
 TOOLS = ("bash", "view", "str_replace", "create", "submit")
 _ARGS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {  # required str, optional int
     "bash": (("command",), ()),
@@ -74,22 +79,45 @@ def parse(text: str, fmt: ToolFormat) -> ToolCall | ToolCallError | None:
     return call
 
 
+def _text_problem(key: str, value: str) -> str | None:
+    """Why the string argument `key` cannot be passed on, or None."""
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"{key!r} is not valid Unicode text (it holds a lone surrogate)"
+    if "\0" in value and key in ("command", "path"):
+        return f"{key!r} contains a NUL byte, which no {key} can hold"
+    limit = MAX_COMMAND_BYTES if key == "command" else MAX_TEXT_BYTES
+    if size > limit:
+        fix = "split it into smaller commands" if key == "command" else "make smaller edits"
+        return f"{key!r} is {size} bytes, over the limit of {limit} bytes; {fix}"
+    return None
+
+
 def check_arguments(call: ToolCall) -> str | None:
-    """Why `call` cannot run (unknown tool, missing or mistyped argument), or None."""
+    """Why `call` cannot run (unknown tool, missing, mistyped or unusable argument), or None."""
     if call.name not in _ARGS:
-        return f"unknown tool {call.name!r}; the tools are {', '.join(TOOLS)}"
+        return f"unknown tool {call.name[:60]!r}; the tools are {', '.join(TOOLS)}"
     required, optional = _ARGS[call.name]
     usage = f"; usage: {call.name} {_SIGNATURES[call.name]}"
     for key in required:
-        if not isinstance(call.arguments.get(key), str):
+        value = call.arguments.get(key)
+        if not isinstance(value, str):
             return f"{call.name} needs the string argument {key!r}{usage}"
+        if (problem := _text_problem(key, value)) is not None:
+            return f"{call.name}: {problem}"
     for key in optional:
         value = call.arguments.get(key)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+        if value is not None and (
+            not isinstance(value, int)
+            or isinstance(value, bool)
+            or not -MAX_LINE_NUMBER < value < MAX_LINE_NUMBER
+        ):
             return f"{call.name}: {key!r} must be an integer line number{usage}"
     unknown = sorted(set(call.arguments) - set(required) - set(optional))
     if unknown:
-        return f"{call.name}: unknown argument(s) {', '.join(map(repr, unknown))}{usage}"
+        names = ", ".join(repr(k[:60]) for k in unknown[:5])
+        return f"{call.name}: unknown argument(s) {names}{usage}"
     return None
 
 

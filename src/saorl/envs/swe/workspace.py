@@ -13,6 +13,11 @@ Decisions:
 - A file whose size and mtime equal the snapshot's is unchanged (copies keep mtimes); only the
   others are read. The total of changed bytes is capped (`ChangesTooLarge`).
 - Files are read with O_NOFOLLOW and written only below directories that are not symlinks.
+- The agent's copy is hostile input (nests past PATH_MAX, symlink loops, fifos, names that are
+  not UTF-8): it is walked and deleted by `saorl.envs.sandbox_tree`, iteratively and without
+  following links. A file whose path is longer than `MAX_PATH_BYTES` is never a change (no fix
+  needs one, and it could not be re-created in a grading copy). Other names are kept as `str`
+  (surrogate-escaped bytes, re-created as the same bytes); `display_path` is their text form.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from pathlib import Path
+
+from saorl.envs.sandbox_tree import FILE_FLAGS, Entry, read_at, remove_tree, walk
 
 Changes = dict[str, bytes | None]  # relative posix path -> new content (None: deleted)
 
@@ -37,6 +44,8 @@ SKIP_SUFFIXES = (".pyc", ".pyo")
 RESULTS_PREFIX = ".saorl-"  # grading's own files in a work copy; never part of a diff
 MAX_CHANGED_BYTES = 8 << 20
 MAX_CHANGED_FILES = 2000
+MAX_PATH_BYTES = 1024  # longest path of a change
+ENTRY_BYTES = 4096  # least disk charge per entry: a million empty files exhaust inodes, not bytes
 
 
 class ChangesTooLarge(ValueError):
@@ -97,28 +106,6 @@ def copy_tree(src: Path, parent: Path | None = None, prefix: str = "saorl-swe-ws
     return dest
 
 
-def remove_tree(path: Path) -> None:
-    """rmtree that also removes what sandboxed code left without write permission."""
-
-    def retry(func: Callable[..., object], p: str, _exc: object) -> None:
-        try:
-            os.chmod(os.path.dirname(p), 0o700)
-            if not os.path.islink(p):
-                os.chmod(p, 0o700)
-            func(p)
-        except OSError:
-            pass
-
-    if path.is_symlink():
-        path.unlink()
-    elif not path.exists():
-        return
-    elif sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=retry)
-    else:
-        shutil.rmtree(path, onerror=retry)
-
-
 def _skipped(rel: str) -> bool:
     parts = rel.split("/")
     return (
@@ -128,21 +115,27 @@ def _skipped(rel: str) -> bool:
     )
 
 
-def _walk(root: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """(relative path, lstat) of every file and symlink below `root`, skipped dirs pruned."""
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in sorted(filenames) + [d for d in dirnames if os.path.islink(f"{dirpath}/{d}")]:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}".replace(os.sep, "/")
-            if not _skipped(rel):
-                yield rel, os.lstat(os.path.join(dirpath, name))
+def _entries(root: Path) -> Iterator[Entry]:
+    """Every entry below `root` that could be a change: not a directory, not skipped, its path
+    at most `MAX_PATH_BYTES` long."""
+    with closing(walk(root, SKIP_DIRS, MAX_PATH_BYTES)) as tree:
+        for entry in tree:
+            rel = entry.rel
+            if rel is not None and not stat.S_ISDIR(entry.st.st_mode) and not _skipped(rel):
+                yield entry
+
+
+def display_path(rel: str) -> str:
+    """`rel` as valid text: bytes that are not UTF-8 shown as `\\xNN`."""
+    return os.fsencode(rel).decode("utf-8", errors="backslashreplace")
 
 
 def read_file(path: Path, limit: int = MAX_CHANGED_BYTES + 1) -> bytes:
-    """The bytes of a regular file, refusing symlinks; at most `limit` bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    """The bytes of a regular file, refusing symlinks, fifos and devices; at most `limit`."""
+    fd = os.open(path, FILE_FLAGS)
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as f:
             return f.read(limit)
     finally:
@@ -155,36 +148,39 @@ def collect_changes(
     """What differs in `work` from `base`: new or modified regular files, deleted files.
 
     A file the agent made unreadable is left out (as if unchanged)."""
-    base_entries = dict(_walk(base))
+    with closing(_entries(base)) as entries:
+        base_entries = {e.rel: e.st for e in entries}
     changes: Changes = {}
     total = 0
     seen: set[str] = set()
-    for rel, st in _walk(work):
-        seen.add(rel)
-        if len(changes) > max_files:
-            raise ChangesTooLarge(f"more than {max_files} files changed")
-        if stat.S_ISLNK(st.st_mode) or not stat.S_ISREG(st.st_mode):
+    with closing(_entries(work)) as entries:
+        for entry in entries:
+            rel, st = entry.rel, entry.st
+            assert rel is not None
+            seen.add(rel)
+            if len(changes) > max_files:
+                raise ChangesTooLarge(f"more than {max_files} files changed")
             old = base_entries.get(rel)
-            if old is not None and not stat.S_ISLNK(old.st_mode):
-                changes[rel] = None  # a snapshot file replaced by a symlink: it is gone
-            continue
-        old = base_entries.get(rel)
-        if (
-            old is not None
-            and stat.S_ISREG(old.st_mode)
-            and (old.st_size, old.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
-        ):
-            continue
-        total += st.st_size
-        if total > max_bytes:
-            raise ChangesTooLarge(f"changed files exceed {max_bytes} bytes")
-        try:
-            data = read_file(work / rel)
-        except OSError:
-            continue
-        if old is not None and stat.S_ISREG(old.st_mode) and data == read_file(base / rel):
-            continue
-        changes[rel] = data
+            if not stat.S_ISREG(st.st_mode):  # a symlink, fifo, socket: never carried
+                if old is not None and not stat.S_ISLNK(old.st_mode):
+                    changes[rel] = None  # a snapshot file replaced by one: it is gone
+                continue
+            if (
+                old is not None
+                and stat.S_ISREG(old.st_mode)
+                and (old.st_size, old.st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+            ):
+                continue
+            total += st.st_size
+            if total > max_bytes:
+                raise ChangesTooLarge(f"changed files exceed {max_bytes} bytes")
+            try:
+                data = read_at(entry, max_bytes + 1)
+            except OSError:
+                continue
+            if old is not None and stat.S_ISREG(old.st_mode) and data == read_file(base / rel):
+                continue
+            changes[rel] = data
     for rel in base_entries:
         if rel not in seen:
             changes[rel] = None
@@ -192,21 +188,25 @@ def collect_changes(
 
 
 def tree_bytes(root: Path) -> int:
-    """Disk space used below `root` (allocated blocks), symlinks not followed."""
+    """Disk space used below `root`: each entry's allocated blocks (directories included), at
+    least `ENTRY_BYTES` per entry; symlinks not followed. A tree that is gone, or that changes
+    under the walk (a watcher beside a running process), counts what the walk saw."""
     total = 0
-    for dirpath, _dirs, files in os.walk(root, followlinks=False):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                continue
+    try:
+        with closing(walk(root, max_rel=0)) as tree:
+            for entry in tree:
+                total += max(entry.st.st_blocks * 512, ENTRY_BYTES)
+    except OSError:
+        pass
     return total
 
 
 def safe_relpath(rel: str) -> str | None:
     """`rel` normalised if it stays inside the tree (no absolute path, no `..`), else None."""
+    if not rel or "\0" in rel or os.path.isabs(rel):
+        return None
     norm = os.path.normpath(rel).replace(os.sep, "/")
-    if not rel or os.path.isabs(rel) or norm == ".." or norm.startswith("../") or norm == ".":
+    if norm == ".." or norm.startswith("../") or norm == ".":
         return None
     return norm
 
@@ -235,7 +235,11 @@ def apply_changes(root: Path, changes: Changes) -> list[str]:
         if dest.is_symlink() or dest.exists():
             dest.unlink()
         if data is not None:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            cur = root
+            for part in norm.split("/")[:-1]:  # not mkdir(parents=True): it recurses per level
+                cur = cur / part
+                if not cur.is_dir():
+                    cur.mkdir()
             dest.write_bytes(data)
     return skipped
 
@@ -243,8 +247,8 @@ def apply_changes(root: Path, changes: Changes) -> list[str]:
 def unified_diff(base: Path, changes: Changes, max_chars: int = 20000) -> str:
     """The changes as a git-style unified diff (binary files named only), capped."""
     out: list[str] = []
-    for rel, data in sorted(changes.items()):
-        old_path = base / rel
+    for path, data in sorted(changes.items()):
+        old_path, rel = base / path, display_path(path)
         old = read_file(old_path) if old_path.is_file() and not old_path.is_symlink() else None
         try:
             a = [] if old is None else old.decode().splitlines(keepends=True)
