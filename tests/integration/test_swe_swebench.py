@@ -133,3 +133,26 @@ def test_bad_rows_are_clear_errors(setup, tmp_path: Path, change, error):
         load_swebench(bad, setup["root"], tmp_path / "cache")
     with pytest.raises(ConfigError, match="is not a directory"):
         load_swebench(setup["file"], tmp_path / "nowhere", tmp_path / "cache")
+
+
+def test_plugins_and_config_the_submission_adds_do_not_load(setup):
+    """SWE-bench tasks load the environment's pytest plugins; none the repository offers."""
+    (task,) = load_swebench(setup["file"], setup["root"], setup["cache"])
+    assert task.plugin_autoload
+    kw = {"test_timeout_s": 5.0, "parent": setup["cache"] / "grading"}
+    plug = (
+        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\n"
+        "def pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+    )
+    meta = "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"
+    cheats = [
+        {"evil-1.0.dist-info/METADATA": meta,
+         "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = widgets.plug\n"},
+        {".pytest.ini": "[pytest]\naddopts = -p widgets.plug\n"},
+    ]  # fmt: skip
+    for cheat in cheats:
+        changes = {k: v.encode() for k, v in {"widgets/plug.py": plug, **cheat}.items()}
+        result = grade(task, changes, **kw)
+        assert not result.resolved, result.info()
+        assert result.fail_to_pass == {"tests/test_core.py::test_area": "failed"}

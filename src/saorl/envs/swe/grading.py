@@ -3,46 +3,93 @@
     result = grade(task, changes)        # changes: collect_changes(snapshot, episode work dir)
     result.resolved                      # every FAIL_TO_PASS and PASS_TO_PASS test passed
 
-A grade always runs in a fresh copy of the task's snapshot, in a fresh sandbox:
-1. the agent's changes are applied, except to *protected* paths: the task's own test files
-   (`task.protected`, e.g. `tests/` of a generated task, the files a SWE-bench `test_patch`
-   touches and those its test ids name) and, anywhere, test infrastructure that pytest reads
-   before any test runs (`conftest.py`, `pytest.ini`, `tox.ini`, `setup.cfg`, `pyproject.toml`).
-   Those stay as in the snapshot, so deleting, editing or shadowing a test cannot pass it;
-2. the task's `test_patch` (SWE-bench: the tests that check the fix) is applied with `git apply`;
-3. the wanted ids run under `pytest_runner.py` with a per-test alarm and an outer wall-clock
-   limit; a test that never reports is "timeout" when the run hit that limit, else "missing".
+A grade builds a fresh copy of the task's snapshot on the host, then:
+1. applies the task's `test_patch` (SWE-bench: the tests that check the fix) with `git apply`;
+2. picks the pytest config file pytest itself would use in that copy (`pytest_config_file`);
+3. applies the agent's changes, except to *protected* paths: the task's own test files
+   (`task.protected`: `tests/` of a generated task, the files a SWE-bench `test_patch` touches
+   and those its test ids name), that config file, and, anywhere, `conftest.py` and the usual
+   config names (`INFRASTRUCTURE`). Paths are normalised first (`a/../conftest.py` is
+   `conftest.py`); caches and bytecode (`__pycache__`, `*.pyc`) are never applied;
+4. packs the copy into a tar and deletes it; `pytest_runner.py` unpacks it inside the sandbox
+   into a tmpfs sized to the repository plus `disk_bytes`, and runs the wanted ids with a
+   per-test alarm and an outer wall-clock limit. A test that never reports is "timeout" when the
+   run hit that limit, else "missing". A test counts as passing when its status is "passed" or
+   "xfailed" (as in SWE-bench).
 
-A test counts as passing when its status is "passed" or "xfailed" (as in SWE-bench). What grading
-does not defend against: code under test that subverts the pytest process it runs in (it could
-rewrite the reporter); SWE-bench's harness shares that limit.
+What this defends (tests/faults/test_grading_integrity.py tries each):
+- Deleting, editing or shadowing a task's test, or adding/editing a `conftest.py` anywhere: the
+  snapshot's files are restored, and a conftest the snapshot lacks never exists in the copy.
+- Every config source pytest reads at start-up: `-c` names the task's own config file, or an
+  empty one, so no other `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
+  `pyproject.toml`, `tox.ini` or `setup.cfg` anywhere is read; `PYTEST_*` variables are
+  cleared; plugin auto-loading is off and only the environment's plugins (SWE-bench tasks,
+  `plugin_autoload`: every `pytest11` entry point in the interpreter's site-packages) load by
+  name, looked up on the interpreter's own path, where no `*.dist-info` of the repository is.
+- Interpreter start-up: `python -I` keeps the repository off `sys.path` until plugins are
+  loaded, so its `pytest.py`, `_pytest/`, `sitecustomize.py`, `usercustomize.py` or `*.pth` do
+  not run at start-up; forged bytecode is never read (an empty `sys.pycache_prefix`).
+- Forged results: outcomes travel on a pipe, each line tagged with a per-run random nonce that
+  only the runner's memory holds; what the tested code prints, writes to that pipe or to any
+  file (now, from a subprocess, or at exit) is ignored.
+- Disk: the tested code writes only into the sandbox's tmpfs mounts (the repository's, /tmp,
+  /dev/shm; each sized to the repository plus `disk_bytes`, all charged to the call's memory
+  cgroup), never to the host disk. A test that writes past that fails with ENOSPC (or the run
+  is killed at the memory limit and its unreported tests are "missing").
+
+What it does not defend:
+- Code under test runs inside the pytest process: the package being fixed, every module the
+  tests import from the repository (files of the test tree that the task does not protect, and
+  modules in the repository root, which shadow installed ones of the same name once the root
+  is on `sys.path`), and the modules that the task's own config or conftests load. Such code
+  can monkeypatch pytest or the runner (rewrite reports, disarm the alarm), or read the nonce
+  from the runner's memory (in-process, or through /proc from a process it starts) and emit
+  records of its own. No check inside the process that runs the code can rule that out;
+  SWE-bench's harness has the same limit.
+- The task's own config file and conftests are trusted as the snapshot and `test_patch` leave
+  them.
+- Under the sandbox's "rlimit" fallback (no bubblewrap) nothing is isolated: the tmpfs is a
+  host temporary directory and the disk bound does not hold. Without a memory cgroup the
+  tmpfs mounts are bounded only by their sizes (three times the repository plus `disk_bytes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import io
 import json
 import os
+import secrets
 import subprocess
 import sys
+import tarfile
 import tempfile
-import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from saorl.envs.sandbox import ExecResult, Limits, run
 from saorl.envs.swe.workspace import (
-    RESULTS_PREFIX,
+    SKIP_DIRS,
+    SKIP_SUFFIXES,
     Changes,
     apply_changes,
     copy_tree,
-    read_file,
     remove_tree,
+    safe_relpath,
 )
 
 PASSING = ("passed", "xfailed")
 INFRASTRUCTURE = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
+# Where pytest looks for its config, in its order (pytest's own list is used when it has one).
+CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
+                "tox.ini", "setup.cfg")  # fmt: skip
+GRADE_DISK_BYTES = 256 << 20  # what the tests of one grade may write, beyond the repository
+GRADE_MEMORY_BYTES = 1 << 30  # memory of the test process, beyond what the tmpfs mounts hold
+RESULTS_BYTES = 16 << 20  # result lines kept per run (a few hundred bytes per test)
+_PAGE = 4096
 
 
 @dataclass(frozen=True)
@@ -99,48 +146,53 @@ def check_pytest() -> None:
         )
 
 
-def run_tests(
-    workdir: Path,
-    test_ids: list[str],
-    *,
-    test_timeout_s: float,
-    wall_s: float,
-    autoload: bool = False,
-    max_lines: int = 0,
-    limits: Limits | None = None,
-) -> TestRun:
-    """Run `test_ids` (pytest node ids relative to `workdir`) in the sandbox over `workdir`.
+@functools.cache
+def installed_plugins() -> tuple[str, ...]:
+    """Names of the `pytest11` entry points installed in this interpreter's site-packages: what
+    pytest's auto-loading would load, minus anything a repository on `sys.path` could add."""
+    import importlib.metadata
+    import site
 
-    `max_lines` > 0 also stops each test after that many executed lines (deterministic)."""
-    out_name = f"{RESULTS_PREFIX}results-{uuid.uuid4().hex}.jsonl"
-    spec = {"ids": test_ids, "out": out_name, "timeout_s": test_timeout_s, "autoload": autoload,
-            "max_lines": max_lines}  # fmt: skip
-    limits = limits or Limits(wall_s=wall_s, cpu_s=max(int(wall_s), 1) + 1, max_processes=64)
-    result: ExecResult = run(
-        [sys.executable, "-I", "-B", "-c", runner_source()],
-        workdir=workdir,
-        limits=limits,
-        stdin=json.dumps(spec).encode(),
-    )
-    statuses: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    try:
-        raw = read_file(workdir / out_name, 16 << 20).decode("utf-8", errors="replace")
-    except OSError:
-        raw = ""
-    for line in raw.splitlines():
-        try:
-            rec = json.loads(line)
-            test_id, status = str(rec["id"]), str(rec["status"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        statuses.setdefault(test_id, status)
-        messages.setdefault(test_id, str(rec.get("message", ""))[:500])
-    for test_id in test_ids:
-        if test_id not in statuses:
-            statuses[test_id] = "timeout" if result.timed_out else "missing"
-            messages[test_id] = result.reason if result.timed_out else "never reported"
-    return TestRun(statuses, messages, result.status, result.to_observation(4000))
+    names = set()
+    for dist in importlib.metadata.distributions(path=site.getsitepackages()):
+        names.update(ep.name for ep in dist.entry_points if ep.group == "pytest11")
+    return tuple(sorted(names))
+
+
+def pytest_config_file(root: Path, test_ids: Iterable[str]) -> list[str]:
+    """The config file pytest would use under `root` for `test_ids`, as paths relative to
+    `root` ([] for none; the file, then a symlink's target): pytest's own search, from the test
+    files' common directory up, stopped at `root`."""
+    from _pytest.config import findpaths
+
+    names = tuple(getattr(findpaths, "CONFIG_LOADERS_BY_NAME", None) or CONFIG_NAMES)
+    dirs = [p.split("/")[:-1] for t in test_ids if (p := safe_relpath(t.split("::")[0]))]
+    common = dirs[0] if dirs else []
+    for parts in dirs[1:]:
+        n = 0
+        while n < min(len(common), len(parts)) and common[n] == parts[n]:
+            n += 1
+        common = common[:n]
+    real_root = root.resolve()
+    for depth in range(len(common), -1, -1):
+        base = root.joinpath(*common[:depth])
+        for name in names:
+            path = base / name
+            if not path.is_file():
+                continue
+            try:
+                found = findpaths.load_config_dict_from_file(path) is not None
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException:  # a broken file: pytest stops at it too, and so does the run
+                found = True
+            if found:
+                rel = [path.relative_to(root).as_posix()]
+                target = path.resolve()
+                if path.is_symlink() and target.is_relative_to(real_root):
+                    rel.append(target.relative_to(real_root).as_posix())
+                return rel
+    return []
 
 
 def is_protected(rel: str, protected: tuple[str, ...]) -> bool:
@@ -148,6 +200,20 @@ def is_protected(rel: str, protected: tuple[str, ...]) -> bool:
     if rel.rsplit("/", 1)[-1] in INFRASTRUCTURE:
         return True
     return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in protected)
+
+
+def gradable(changes: Changes, protected: tuple[str, ...]) -> Changes:
+    """The changes grading applies: normalised paths, none protected, no caches or bytecode."""
+    kept: Changes = {}
+    for rel, data in changes.items():
+        norm = safe_relpath(rel)
+        if norm is None or is_protected(norm, protected):
+            continue
+        parts = norm.split("/")
+        if any(p in SKIP_DIRS for p in parts[:-1]) or norm.endswith(SKIP_SUFFIXES):
+            continue
+        kept[norm] = data
+    return kept
 
 
 def apply_patch(root: Path, patch: str) -> str:
@@ -171,13 +237,126 @@ def apply_patch(root: Path, patch: str) -> str:
     return "" if proc.returncode == 0 else (proc.stderr or proc.stdout).strip()[-1000:]
 
 
-def prepare(task: Any, changes: Changes, parent: Path | None = None) -> tuple[Path, str]:
-    """A fresh copy of the snapshot with the agent's unprotected changes and the test patch."""
+@dataclass(frozen=True)
+class Packed:
+    """A repository as the tar stream the runner unpacks, and the tmpfs space it takes."""
+
+    data: bytes
+    disk_bytes: int
+
+
+def pack_tree(root: Path) -> Packed:
+    """`root` as a tar (symlinks kept as links, nothing followed)."""
+    buf = io.BytesIO()
+    disk = 0
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in dirnames + sorted(filenames):
+                full = os.path.join(dirpath, name)
+                info = tar.gettarinfo(full, arcname=os.path.relpath(full, root))
+                if info is None:  # a socket or the like: nothing a test can use
+                    continue
+                if info.isreg():
+                    with open(full, "rb") as f:
+                        tar.addfile(info, f)
+                else:
+                    tar.addfile(info)
+                disk += _PAGE + -(-info.size // _PAGE) * _PAGE
+    return Packed(buf.getvalue(), disk)
+
+
+def run_tests(
+    workdir: Path,
+    test_ids: list[str],
+    *,
+    test_timeout_s: float,
+    wall_s: float,
+    autoload: bool = False,
+    config: str | None = None,
+    max_lines: int = 0,
+    disk_bytes: int = GRADE_DISK_BYTES,
+    limits: Limits | None = None,
+) -> TestRun:
+    """Run `test_ids` (pytest node ids relative to `workdir`) on a sandboxed copy of `workdir`.
+
+    `autoload` loads the environment's pytest plugins; `config` is the config file (relative
+    to `workdir`) pytest reads, None for none; `max_lines` > 0 also stops each test after that
+    many executed lines (deterministic)."""
+    return run_packed(pack_tree(workdir), test_ids, test_timeout_s=test_timeout_s,
+                      wall_s=wall_s, plugins=installed_plugins() if autoload else (),
+                      config=config, max_lines=max_lines, disk_bytes=disk_bytes,
+                      limits=limits)  # fmt: skip
+
+
+def run_packed(
+    packed: Packed,
+    test_ids: list[str],
+    *,
+    test_timeout_s: float,
+    wall_s: float,
+    plugins: Sequence[str] = (),
+    config: str | None = None,
+    max_lines: int = 0,
+    disk_bytes: int = GRADE_DISK_BYTES,
+    limits: Limits | None = None,
+) -> TestRun:
+    """`run_tests` on a packed repository (see the module docstring for the sandbox)."""
+    nonce = secrets.token_hex(16)
+    spec = {"ids": test_ids, "nonce": nonce, "timeout_s": test_timeout_s,
+            "plugins": list(plugins), "config": config, "max_lines": max_lines}  # fmt: skip
+    tmpfs = packed.disk_bytes + disk_bytes
+    limits = limits or Limits(
+        wall_s=wall_s,
+        cpu_s=max(int(wall_s), 1) + 1,
+        max_processes=64,
+        memory_bytes=GRADE_MEMORY_BYTES + tmpfs,
+        file_size_bytes=tmpfs,
+        output_bytes=RESULTS_BYTES,
+    )
+    result: ExecResult = run(
+        [sys.executable, "-I", "-B", "-c", runner_source()],
+        limits=limits,
+        stdin=json.dumps(spec).encode() + b"\n" + packed.data,
+    )
+    statuses: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    prefix = nonce + " "
+    for line in result.stdout.splitlines():
+        if not line.startswith(prefix):
+            continue
+        try:
+            rec = json.loads(line[len(prefix) :])
+            test_id, status = str(rec["id"]), str(rec["status"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        statuses.setdefault(test_id, status)
+        messages.setdefault(test_id, str(rec.get("message", ""))[:500])
+    for test_id in test_ids:
+        if test_id not in statuses:
+            statuses[test_id] = "timeout" if result.timed_out else "missing"
+            messages[test_id] = result.reason if result.timed_out else "never reported"
+    log = dataclasses.replace(result, stdout=result.stderr, stderr="").to_observation(4000)
+    return TestRun(statuses, messages, result.status, log)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    work: Path  # the host copy, to be removed by the caller
+    error: str  # why it cannot be graded, or ''
+    config: str | None  # the pytest config file in it, if any
+
+
+def prepare(task: Any, changes: Changes, parent: Path | None = None) -> Prepared:
+    """A fresh copy of the snapshot with the test patch and the agent's gradable changes."""
     work = copy_tree(task.base_dir(), parent, prefix="saorl-swe-grade-")
-    kept = {p: c for p, c in changes.items() if not is_protected(p, task.protected)}
-    apply_changes(work, kept)
     error = apply_patch(work, task.test_patch)
-    return work, (f"test_patch does not apply: {error}" if error else "")
+    if error:
+        return Prepared(work, f"test_patch does not apply: {error}", None)
+    ids = [*task.fail_to_pass, *task.pass_to_pass]
+    config = pytest_config_file(work, ids)
+    apply_changes(work, gradable(changes, (*task.protected, *config)))
+    return Prepared(work, "", config[0] if config else None)
 
 
 def grade(
@@ -187,18 +366,21 @@ def grade(
     test_timeout_s: float = 10.0,
     wall_s: float = 300.0,
     parent: Path | None = None,
+    disk_bytes: int = GRADE_DISK_BYTES,
 ) -> GradeResult:
     """Grade `changes` against `task` (a `SweTask`); see the module docstring."""
     f2p, p2p = list(task.fail_to_pass), list(task.pass_to_pass)
-    work, error = prepare(task, changes, parent)
+    prepared = prepare(task, changes, parent)
     try:
-        if error:
+        if prepared.error:
             return GradeResult(False, dict.fromkeys(f2p, "missing"),
-                               dict.fromkeys(p2p, "missing"), error=error)  # fmt: skip
-        runs = run_tests(work, f2p + p2p, test_timeout_s=test_timeout_s, wall_s=wall_s,
-                         autoload=task.plugin_autoload)  # fmt: skip
+                               dict.fromkeys(p2p, "missing"), error=prepared.error)  # fmt: skip
+        packed = pack_tree(prepared.work)
     finally:
-        remove_tree(work)
+        remove_tree(prepared.work)  # the run never touches the host disk
+    plugins = installed_plugins() if task.plugin_autoload else ()
+    runs = run_packed(packed, f2p + p2p, test_timeout_s=test_timeout_s, wall_s=wall_s,
+                      plugins=plugins, config=prepared.config, disk_bytes=disk_bytes)  # fmt: skip
     f2p_status = {t: runs.statuses[t] for t in f2p}
     p2p_status = {t: runs.statuses[t] for t in p2p}
     resolved = bool(f2p) and all(runs.passed(t) for t in f2p + p2p)

@@ -1,23 +1,37 @@
 """Runs INSIDE the sandbox (as `python -I -B -c <this source>`): pytest on chosen test ids.
 
-Reads a JSON spec on stdin: `{"ids": [...], "out": "FILE", "timeout_s": T, "autoload": bool,
-"max_lines": N}`.
-Collects the files those ids live in, keeps only the wanted items, runs them with a per-test
-alarm of `timeout_s`, and appends one JSON line per finished test to `out` as it goes (so a run
-killed by the outer wall-clock limit still reports every test that finished):
-`{"id": ..., "status": "passed|failed|error|skipped|xfailed|timeout", "message": ...}`.
+stdin: one JSON line, the spec `{"ids": [...], "nonce": HEX, "timeout_s": T, "plugins": [...],
+"config": PATH or null, "max_lines": N}`, then a tar stream of the repository, extracted into the
+cwd (a sized tmpfs). Collects the files the ids live in, keeps only the wanted items, runs them
+with a per-test alarm of `timeout_s`, and reports each finished test as it goes (a run killed by
+the outer wall-clock limit still reports every test that finished) as one stdout line
+`NONCE {"id": ..., "status": "passed|failed|error|skipped|xfailed|timeout", "message": ...}`.
+Everything else the process prints goes to stderr.
 
-Decisions:
-- `python -I` keeps the work dir off `sys.path` until pytest is imported: a `pytest.py` the agent
-  wrote cannot stand in for pytest. The repository root is then put first on `sys.path`, as
-  `python -m pytest` would.
+How the run stays what the grader asked for, whatever the repository holds:
+- Config: `-c` names the one config file, the task's own (`config`, a path in the repository
+  that the grader chose in the snapshot and restored) or an empty one of the runner's. pytest
+  then reads no other `pytest.ini`, `.pytest.ini`, `pytest.toml`, `pyproject.toml`, `tox.ini`
+  or `setup.cfg`; `--rootdir` and `--confcutdir` pin both to the repository root.
+- Plugins: `PYTEST_*` variables are removed and auto-loading is off; the only third-party
+  plugins are `plugins` (entry point or module names), loaded before the configuration is read,
+  while `importlib.metadata` sees only the interpreter's own path: a `*.dist-info` anywhere in
+  the repository cannot register or replace one. The repository root goes on `sys.path` only
+  after plugins are loaded (`python -I` keeps it off until then, so a `pytest.py`,
+  `sitecustomize.py` or `.pth` there is never run by start-up).
+- Bytecode: `sys.pycache_prefix` is a fresh empty directory, so no `__pycache__` in the
+  repository (pytest's rewritten test modules included) is ever read.
+- Results: written to a duplicate of the original stdout pipe, each line prefixed with the
+  nonce; fd 1 then points at stderr. A line the tested code prints, or writes to that pipe or
+  to any file, is not a result unless it carries the nonce, which exists only in this process's
+  memory. Code under test runs in this same process and can still reach it (see grading.py).
+
+Other decisions:
 - The alarm raises a BaseException subclass, so `except Exception` in a test cannot swallow it;
   pytest reports it as that test's failure and goes on to the next test.
 - `max_lines` (task generation) also stops a test after that many executed lines of Python,
   counted by a trace function: a budget that, unlike the clock, gives the same verdict on a
   loaded machine, so which mutants count as hanging never depends on the load.
-- Plugin auto-loading (the venv's entry points) is off unless asked: generated tasks need none,
-  and loading them costs most of a run's start-up; SWE-bench repositories may rely on theirs.
 - Only the standard library and pytest are used: this file runs with the sandbox's interpreter.
 """
 
@@ -27,6 +41,8 @@ import json
 import os
 import signal
 import sys
+import tarfile
+import tempfile
 from typing import Any
 
 
@@ -41,7 +57,12 @@ def _message(report: Any) -> str:
 
 
 def make_recorder(
-    pytest: Any, out: Any, wanted: set[str], timeout_s: float, max_lines: int = 0
+    pytest: Any,
+    emit: Any,
+    wanted: set[str],
+    timeout_s: float,
+    max_lines: int = 0,
+    on_plugins_loaded: Any = None,
 ) -> Any:
     class Recorder:
         def __init__(self) -> None:
@@ -50,6 +71,12 @@ def make_recorder(
             self.current = ""
             self.collect_errors: dict[str, str] = {}
             self.written: set[str] = set()
+
+        @pytest.hookimpl(tryfirst=True)
+        def pytest_load_initial_conftests(self) -> None:
+            # Every plugin is loaded by now (conftests come next): see the module docstring.
+            if on_plugins_loaded is not None:
+                on_plugins_loaded()
 
         def _alarm(self, signum: int, frame: Any) -> None:
             self.timed_out.add(self.current)
@@ -123,31 +150,102 @@ def make_recorder(
 
         def _write(self, nodeid: str, status: str, message: str) -> None:
             self.written.add(nodeid)
-            out.write(json.dumps({"id": nodeid, "status": status, "message": message}) + "\n")
-            out.flush()
+            emit({"id": nodeid, "status": status, "message": message})
 
     return Recorder()
 
 
+def extract(stream: Any, dest: str) -> None:
+    """Unpack the repository's tar stream into `dest` (the data is the grader's own copy)."""
+    with tarfile.open(fileobj=stream, mode="r|") as tar:
+        if hasattr(tarfile, "tar_filter"):
+            tar.extractall(dest, filter="tar")
+        else:
+            tar.extractall(dest)
+
+
+def result_channel(nonce: str) -> Any:
+    """A writer of nonce-tagged lines to the original stdout; fd 1 then points at stderr."""
+    fd = os.dup(1)  # not inherited across exec
+    os.dup2(2, 1)
+
+    def emit(record: dict[str, Any]) -> None:
+        data = (f"{nonce} {json.dumps(record)}\n").encode()
+        while data:
+            data = data[os.write(fd, data) :]
+
+    return emit
+
+
+def restrict_metadata(allowed: list[str]) -> Any:
+    """Make `importlib.metadata` (where pytest and pluggy look up entry points) search only
+    `allowed` by default; returns the function that undoes it."""
+    import importlib.metadata as metadata
+
+    original = metadata.distributions
+
+    def distributions(**kwargs: Any) -> Any:
+        kwargs.setdefault("path", allowed)
+        return original(**kwargs)
+
+    metadata.distributions = distributions  # type: ignore[assignment]
+
+    def restore() -> None:
+        metadata.distributions = original  # type: ignore[assignment]
+
+    return restore
+
+
+def _inside(path: str, root: str) -> bool:
+    full = os.path.realpath(path or ".")
+    return full == root or full.startswith(root + os.sep)
+
+
 def main() -> int:
-    spec = json.loads(sys.stdin.read())
-    if not spec.get("autoload", False):
-        os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    stdin = sys.stdin.buffer
+    spec = json.loads(stdin.readline())
+    root = os.path.realpath(os.getcwd())
+    extract(stdin, root)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    emit = result_channel(str(spec["nonce"]))
+    for key in [k for k in os.environ if k.startswith("PYTEST_")]:
+        del os.environ[key]
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    sys.pycache_prefix = tempfile.mkdtemp(prefix="saorl-pyc-")
+    env_path = [p for p in sys.path if p and not _inside(p, root)]
+    restore = restrict_metadata(env_path)
+
+    def on_plugins_loaded() -> None:
+        restore()
+        if root not in sys.path:
+            sys.path.insert(0, root)  # as `python -m pytest` would: the repository imports
+
     import pytest
 
-    root = os.getcwd()
-    sys.path.insert(0, root)
     wanted = set(spec["ids"])
     files = sorted({i.split("::")[0] for i in wanted if os.path.isfile(i.split("::")[0])})
-    with open(spec["out"], "w", encoding="utf-8") as out:
-        if not files:
-            print("none of the test files exist")
-            return 4
-        recorder = make_recorder(
-            pytest, out, wanted, float(spec["timeout_s"]), int(spec.get("max_lines", 0))
-        )
-        args = [*files, "-p", "no:cacheprovider", "--rootdir", root, "-q", "--tb=short"]
-        return int(pytest.main(args, plugins=[recorder]))
+    if not files:
+        print("none of the test files exist", file=sys.stderr)
+        return 4
+    config = spec.get("config")
+    if config:
+        config = os.path.join(root, config)
+    else:
+        config = os.path.join(tempfile.mkdtemp(prefix="saorl-cfg-"), "pytest.ini")
+        with open(config, "w", encoding="utf-8") as f:
+            f.write("[pytest]\n")
+    recorder = make_recorder(
+        pytest, emit, wanted, float(spec["timeout_s"]), int(spec.get("max_lines", 0)),
+        on_plugins_loaded,
+    )  # fmt: skip
+    args = [*files, "-c", config, "--rootdir", root, "--confcutdir", root,
+            "-p", "no:cacheprovider", "-q", "--tb=short"]  # fmt: skip
+    try:
+        return int(pytest.main(args, plugins=[recorder, *map(str, spec.get("plugins", []))]))
+    finally:
+        restore()
 
 
 if __name__ == "__main__":

@@ -14,6 +14,9 @@ applies (after restoring every file it touches, and every file a test id names).
 Only pytest-style ids (`path/test_x.py::test_name[param]`) can be graded; repositories graded
 with their own runner (django's `runtests.py`, sympy's `bin/test`) are out of scope, and so is
 building compiled extensions: the sandbox runs this interpreter with its installed packages.
+Grading loads the pytest plugins installed with this interpreter (`plugin_autoload`), each by
+its entry point name, and reads the repository's own pytest config file as `base_commit` and
+`test_patch` leave it; a submission can change neither (see grading.py).
 """
 
 from __future__ import annotations
