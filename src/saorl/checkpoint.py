@@ -5,13 +5,23 @@ policy and critic weights, both optimizers, the learner's step and version count
 and the data position. It is written to a temporary file in the same directory, fsynced, then
 renamed over the final name, so a crash leaves either the previous checkpoint or the new one as
 the latest, never half a file. Older checkpoints are deleted only after a newer one is in place.
+
+Loading never runs code from the file (a pickle can call any function): every checkpoint and
+`critic.init_from` file is read by `load_state_file`, which builds only tensors, plain Python data
+and an explicit allow-list of types, and refuses anything else with `UnsafeCheckpointError`. A
+refused file is never taken for a damaged one: resume stops instead of falling back past it.
 """
 
 from __future__ import annotations
 
+import io
 import os
+import pickle
+import pickletools
 import re
 import sys
+import warnings
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +50,10 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
             kill_if_armed("checkpoint_partial", step, torn=f)
             f.flush()
             os.fsync(f.fileno())
+        # A checkpoint that `load_state_file` would refuse could never be resumed: fail now.
+        refused = _unsafe_in(tmp)
+        if refused:
+            raise TypeError(f"checkpoint state holds objects a resume may not load: {refused}")
         kill_if_armed("checkpoint_rename", step)
         os.replace(tmp, final)
     finally:
@@ -66,36 +80,142 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 class CheckpointError(ConfigError):
-    """No checkpoint of the run can be loaded (reported as a bad input, exit code 2)."""
+    """A checkpoint or saved state file that cannot be used (a bad input, exit code 2)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A state file that holds code or objects outside the allow-list: refused, never skipped."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A state file that does not read back (torn write, truncated, garbage, not a dict)."""
+
+
+def _allowed_globals() -> list[Any]:
+    """The only non-tensor types a saorl state file may hold besides plain Python data.
+
+    Rollout state is written as plain data (`saorl.resume`); the one object left is the task of
+    the built-in arithmetic environments, a frozen dataclass of three strings.
+    """
+    from saorl.envs.arithmetic import Problem
+
+    return [Problem]
+
+
+# What the weights-only unpickler says when a file asks for an object it may not build.
+_REFUSED = re.compile(
+    r"GLOBAL (\S+) was not an allowed global|GLOBAL (\S+) whose module \S+ is blocked"
+    r"|call reduce for unrecognized function|Can only create new object|Can only build"
+    r"|TorchScript archive"
+)
+# Pickle instructions that import or build an object by name and that the weights-only
+# unpickler does not implement (it stops at them, or at the frames of protocol 4+ before
+# them, with "unsupported operand"); `torch.save` never writes them.
+_OBJECT_OPS = frozenset({"STACK_GLOBAL", "INST", "OBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"})
+
+
+def _object_instruction(path: str | Path) -> str | None:
+    """The first instruction of `_OBJECT_OPS` in the file's pickles (a static scan), if any."""
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                name = next((n for n in z.namelist() if n.endswith("data.pkl")), None)
+                data = z.read(name) if name else b""
+        else:  # a bare pickle, or the legacy format: several pickles, then raw storage bytes
+            data = Path(path).read_bytes()
+        stream = io.BytesIO(data)
+        while stream.tell() < len(data):
+            for op, _arg, _pos in pickletools.genops(stream):
+                if op.name in _OBJECT_OPS:
+                    return op.name
+    except Exception:  # not (or no longer) a well-formed pickle: damage, not code
+        return None
+    return None
+
+
+def _unsafe_in(f: Any) -> list[str]:
+    """Globals of a `torch.save` file that `load_state_file` would refuse (a static scan)."""
+    with torch.serialization.safe_globals(_allowed_globals()):
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(f))
+
+
+def unsafe_globals(obj: Any) -> list[str]:
+    """What in `obj` a checkpoint may not hold (empty: it loads back with `load_state_file`)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return _unsafe_in(buf)
+
+
+def load_state_file(path: str | Path) -> dict[str, Any]:
+    """Read a checkpoint or `saorl value-pretrain` file without running any code from it.
+
+    `torch.load(weights_only=True)` builds only tensors, plain Python data and the types of
+    `_allowed_globals()`; a file that asks for anything else (a pickle calling a function, an
+    unknown class) raises `UnsafeCheckpointError`, an unreadable one `DamagedCheckpointError`.
+    """
+    try:
+        with torch.serialization.safe_globals(_allowed_globals()), warnings.catch_warnings():
+            # a file in a newer pickle protocol is refused or reported below, not warned about
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        text = str(e)
+        refused = _REFUSED.search(text)
+        what = None if refused is None else refused.group(1) or refused.group(2) or refused[0]
+        if what is None and isinstance(e, pickle.UnpicklingError):
+            op = _object_instruction(path)
+            what = None if op is None else f"pickle instruction {op}"
+        if what is not None:
+            # saorl's own classes: likely a checkpoint of another saorl version
+            old = " (or resume it with the saorl version that wrote it)" * what.startswith("saorl.")
+            raise UnsafeCheckpointError(
+                f"{path}: refused to load: it contains code or objects a saorl checkpoint must "
+                f"not have ({what}); nothing from it was run. Delete it unless you know where "
+                f"it came from{old}"
+            ) from None
+        # torch wraps the unpickler's own words in advice about weights_only=False: keep them
+        inner = text.rsplit("WeightsUnpickler error:", 1)[-1].strip()
+        first = inner.splitlines()[0][:300] if inner else ""
+        raise DamagedCheckpointError(f"{path}: cannot be read ({type(e).__name__}: {first})") from e
+    if not isinstance(state, dict):
+        raise DamagedCheckpointError(f"{path}: not a saorl state file (holds a "
+                                     f"{type(state).__name__}, not a dict)")  # fmt: skip
+    return state
 
 
 def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Path, dict[str, Any]]:
     """Load the newest checkpoint that reads back; fall back to older ones if it does not.
 
-    With `quarantine`, a damaged newer file is renamed `step_X.pt.damaged` (kept for a post
-    mortem, never overwritten by the resumed run) and a warning names it.
+    With `quarantine`, damaged newer files are renamed `step_X.pt.damaged` (kept for a post
+    mortem, never overwritten by the resumed run), a warning names each, and temporary files of
+    a process killed mid-write are deleted. A file holding code or disallowed objects is never
+    skipped: `UnsafeCheckpointError` stops the resume before any file is renamed or deleted.
     """
     ckpts = list_checkpoints(run_dir)
-    if quarantine:  # temporary files of a process killed mid-write are never checkpoints
-        for tmp in checkpoint_dir(run_dir).glob(".step_*.pt.tmp.*"):
-            tmp.unlink(missing_ok=True)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume")
-    errors = []
+    errors: list[tuple[Path, str]] = []
+    found: tuple[Path, dict[str, Any]] | None = None
     for path in reversed(ckpts):
         try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as e:  # a damaged file: say so and try the previous one
-            errors.append(f"{path.name}: {type(e).__name__}: {e}")
-            state = None
-        if state is not None and not (isinstance(state, dict) and "step" in state):
-            errors.append(f"{path.name}: not a saorl checkpoint")
-            state = None
-        if state is not None:
-            return path, state
-        if quarantine:
+            state = load_state_file(path)
+        except DamagedCheckpointError as e:  # say so and try the previous one
+            errors.append((path, str(e).removeprefix(f"{path}: ")))
+            continue
+        if "step" not in state:
+            errors.append((path, "not a saorl checkpoint"))
+            continue
+        found = (path, state)
+        break
+    if quarantine:
+        for path, why in errors:
             path.rename(path.with_name(path.name + ".damaged"))
-            print(f"saorl: {errors[-1]}; kept as {path.name}.damaged", file=sys.stderr)
-    raise CheckpointError(
-        f"no loadable checkpoint in {checkpoint_dir(run_dir)}:\n  " + "\n  ".join(errors)
-    )
+            print(f"saorl: {path.name}: {why}; kept as {path.name}.damaged", file=sys.stderr)
+        # Temporary files of a process killed mid-write are never checkpoints.
+        for tmp in checkpoint_dir(run_dir).glob(".step_*.pt.tmp.*"):
+            tmp.unlink(missing_ok=True)
+    if found is None:
+        lines = "\n  ".join(f"{p.name}: {why}" for p, why in errors)
+        raise CheckpointError(f"no loadable checkpoint in {checkpoint_dir(run_dir)}:\n  {lines}")
+    return found

@@ -237,7 +237,7 @@ def _value_pretrain(args: argparse.Namespace) -> int:
 
         result = value_pretrain(cfg, Path(args.out), rollouts=args.rollouts, epochs=args.epochs)
     except ConfigError as exc:
-        return _config_failure(exc)
+        return _config_failure(exc, "value-pretrain")
     print(json.dumps(result, indent=2))
     return 0
 
@@ -254,12 +254,24 @@ def _train(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
+    from saorl.checkpoint import list_checkpoints
     from saorl.learner import NonFiniteError
     from saorl.loop import train_from_config  # imports torch: only when a run starts
 
+    if args.resume is not None and not list_checkpoints(Path(args.resume)):
+        # Refused before anything runs: a folder that is no run is left exactly as it was.
+        where = Path(args.resume) / "checkpoints"
+        return _config_failure(ConfigError(
+            f"--resume: no checkpoint in {where}: nothing to resume (start a new run without "
+            "--resume)"
+        ))  # fmt: skip
+    output_dir = Path(cfg.run.output_dir)
+    before = _entries(output_dir)
     try:
         summary = train_from_config(cfg, resume=args.resume)
     except ConfigError as exc:
+        if args.resume is None:
+            _remove_failed_run(cfg, output_dir, before)
         return _config_failure(exc)
     except NonFiniteError as exc:
         print(f"saorl train: stopped: {exc}", file=sys.stderr)
@@ -269,6 +281,41 @@ def _train(args: argparse.Namespace) -> int:
         return 130
     _print_summary(cfg, summary or {})
     return 0
+
+
+def _entries(folder: Path) -> set[str] | None:
+    """The names in `folder` (None: it does not exist)."""
+    try:
+        return {p.name for p in folder.iterdir()}
+    except OSError:
+        return None
+
+
+def _remove_failed_run(cfg: Config, output_dir: Path, before: set[str] | None) -> None:
+    """Remove the run directory a new run created before a bad input stopped it.
+
+    A run stopped by a bad input (exit code 2) trained nothing; leaving its directory would
+    make the next attempt write to `NAME-1`. Only a directory that was not there before, is
+    named like this run (`NAME` or `NAME-<n>`) and holds this run's own config.toml is removed;
+    so is `output_dir` itself when this run created it and it is empty again.
+    """
+    import re
+    import shutil
+
+    name = re.compile(rf"{re.escape(cfg.run.name)}(-\d+)?")
+    for new in sorted((_entries(output_dir) or set()) - (before or set())):
+        run_dir = output_dir / new
+        saved = run_dir / "config.toml"
+        if not (name.fullmatch(new) and run_dir.is_dir() and not run_dir.is_symlink()):
+            continue
+        try:
+            ours = not saved.exists() or saved.read_text() == config_to_toml(cfg)
+        except (OSError, UnicodeDecodeError):
+            ours = False
+        if ours:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    if before is None and _entries(output_dir) == set():
+        output_dir.rmdir()
 
 
 def _ray_overrides(args: argparse.Namespace) -> list[str]:
@@ -290,7 +337,7 @@ def _report(args: argparse.Namespace) -> int:
             if out is not None and out.suffix.lower() != ".png":
                 out = out / REPORT_FILE
             png = report_run(dirs[0], out)
-    except (FileNotFoundError, ValueError) as exc:
+    except (OSError, ValueError) as exc:  # a missing or unreadable run, an unwritable --out
         print(f"saorl report: error: {exc}", file=sys.stderr)
         return 2
     print(png)
@@ -306,7 +353,15 @@ def _compare(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"saorl compare: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        print(
+            f"saorl compare: error: --out {args.out} is a file; give a directory", file=sys.stderr
+        )
+        return 2
     arms = split_arms(args.arms)
+    if not arms:  # `--arms ""` must not silently mean every default arm
+        print(f"saorl compare: error: --arms {args.arms!r} names no arm", file=sys.stderr)
+        return 2
     try:
         index = run_compare(
             None if args.config is None else Path(args.config),
@@ -336,6 +391,14 @@ def _eval(args: argparse.Namespace) -> int:
 
     from saorl.config import EnvConfig
 
+    for flag, value, least in (("--k", args.k, 1), ("--limit", args.limit, 1),
+                               ("--max-new-tokens", args.max_new_tokens, 1),
+                               ("--max-seq-len", args.max_seq_len, 1),
+                               ("--max-turns", args.max_turns, 1),
+                               ("--max-tool-calls", args.max_tool_calls, 0)):  # fmt: skip
+        if value is not None and value < least:
+            print(f"saorl eval: error: {flag} must be >= {least}, got {value}", file=sys.stderr)
+            return 2
     try:
         env_cfg = EnvConfig(
             name=args.env,
@@ -410,8 +473,8 @@ def _resolve_config(
     return load_config(config_path, overrides)
 
 
-def _config_failure(exc: ConfigError) -> int:
-    print(f"saorl train: error: {exc}", file=sys.stderr)
+def _config_failure(exc: ConfigError, command: str = "train") -> int:
+    print(f"saorl {command}: error: {exc}", file=sys.stderr)
     return 2
 
 

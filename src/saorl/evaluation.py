@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import nn
 
-from saorl.envs.factory import EnvSpec
+from saorl.envs.base import EnvSpec
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
@@ -139,8 +139,7 @@ def _load_model(model: str, max_seq_len: int) -> tuple[nn.Module, Any]:
     (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`."""
     from pathlib import Path
 
-    import torch
-
+    from saorl.checkpoint import CheckpointError, load_state_file
     from saorl.config import ConfigError, ModelConfig, load_config
     from saorl.models.loading import load_policy
 
@@ -151,9 +150,15 @@ def _load_model(model: str, max_seq_len: int) -> tuple[nn.Module, Any]:
             raise ConfigError(
                 f"{path}: a checkpoint must sit in RUN/checkpoints/ beside RUN/config.toml"
             )
+        state = load_state_file(path)  # refuses a file that would run code
+        if not isinstance(state.get("policy"), dict):
+            raise CheckpointError(f"{path}: holds no policy weights (not a saorl checkpoint)")
         policy, tokenizer = load_policy(load_config(run_config).model)
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        policy.load_state_dict(state["policy"])
+        try:
+            policy.load_state_dict(state["policy"])
+        except (RuntimeError, ValueError, TypeError) as e:
+            why = f"{type(e).__name__}: {str(e)[:300]}"
+            raise CheckpointError(f"{path}: its policy does not fit {run_config} ({why})") from None
         return policy, tokenizer
     if (path / "final" / "config.json").exists():
         path = path / "final"

@@ -1,10 +1,10 @@
 """Metrics: a JSONL log (always), TensorBoard (when asked) and a progress display.
 
-Every run writes `run_dir/metrics.jsonl`, one flat JSON object per `MetricsLogger.log` call
-with namespaced keys (`rollout/reward_mean`, `loss/policy`, ...; DESIGN.md section 3.7) and
-usually a `step` field. The file is opened in append mode so that a resumed run continues it;
-a reader therefore sees the steps after the last checkpoint twice, and `saorl.report` keeps the
-last value per (key, step). Non-finite floats are written as `null` (JSON has no NaN).
+Every run writes `run_dir/metrics.jsonl`, one flat JSON object per `MetricsLogger.log` call with
+namespaced keys (`rollout/reward_mean`, `loss/policy`, ...; docs/design.md section 4, rule 7) and
+usually a `step` field. The file is opened in append mode so that a resumed run continues it; a
+reader therefore sees the steps after the last checkpoint twice, and `saorl.report` keeps the last
+value per (key, step). Non-finite floats are written as `null` (JSON has no NaN).
 
 `TrainProgress` shows a rich live display on a terminal; elsewhere (CI, a redirected log,
 `enabled=False`) it prints one plain line to stderr every ~10% of the steps instead.
@@ -137,10 +137,16 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The rows of a metrics JSONL file, in order; blank lines are ignored.
 
     A malformed *last* line is what a crash mid-write leaves: it is skipped with a warning.
-    A malformed line anywhere else raises ValueError naming the file and the line number.
+    A malformed line anywhere else raises ValueError naming the file and the line number (a
+    ConfigError: `saorl train --resume` reports it as a bad input, exit code 2).
     """
+    from saorl.config import ConfigError
+
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
@@ -154,9 +160,12 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
                     f"{path}:{i + 1}: skipping a truncated last line ({exc.msg})", stacklevel=2
                 )
                 continue
-            raise ValueError(f"{path}:{i + 1}: malformed metrics line: {exc.msg}") from exc
+            raise ConfigError(f"{path}:{i + 1}: malformed metrics line: {exc.msg}") from exc
+        except (ValueError, RecursionError) as exc:  # nested too deeply, or a huge integer
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:100]
+            raise ConfigError(f"{path}:{i + 1}: unreadable metrics line: {why}") from None
         if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i + 1}: expected a JSON object, got {type(row).__name__}")
+            raise ConfigError(f"{path}:{i + 1}: expected a JSON object, got {type(row).__name__}")
         rows.append(row)
     return rows
 

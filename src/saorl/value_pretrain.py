@@ -10,13 +10,14 @@ before and after, and save the critic. `saorl train critic.init_from=PATH` start
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from saorl.config import Config, config_to_toml
+from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import build_env
 from saorl.evaluation import run_episodes
 from saorl.learner import Learner
@@ -42,19 +43,30 @@ def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
     return value_loss(flat[0][None], flat[1][None], flat[2][None])[1]["value/explained_variance"]
 
 
+def _check_arguments(out: Path, rollouts: int, epochs: int) -> None:
+    if rollouts < 2:
+        raise ConfigError(f"--rollouts must be >= 2 (one held out, one to fit), got {rollouts}")
+    if epochs < 1:
+        raise ConfigError(f"--epochs must be >= 1, got {epochs}")
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a file, e.g. {out / 'critic.pt'}")
+    existing = next(p for p in (out.parent, *out.parent.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise ConfigError(f"--out {out}: cannot write there ({existing} is not a writable folder)")
+
+
 def value_pretrain(
     cfg: Config, out: Path, rollouts: int = 1024, epochs: int = 3, heldout_frac: float = 0.2
 ) -> dict[str, Any]:
-    from saorl.loop import supervised_warmup  # the warm-up `saorl train` runs, same seed
-
+    _check_arguments(out, rollouts, epochs)  # before minutes of rollouts, not after
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     policy, tokenizer = load_policy(cfg.model)
     spec = build_env(cfg.env)
     learner = Learner(cfg, policy, resolve_device(cfg.model.device))
     with TrainProgress(1, enabled=cfg.run.progress) as progress:
-        if cfg.learner.sft_steps:
-            supervised_warmup(learner, tokenizer, spec, cfg, progress)
+        if cfg.learner.sft_steps:  # the warm-up `saorl train` runs, same seed
+            learner.warm_up(spec, tokenizer, progress)
     rng = random.Random(cfg.run.seed + 7)
     problems = [spec.task.sample(rng) for _ in range(rollouts)]
     trajs = run_episodes(
@@ -64,6 +76,11 @@ def value_pretrain(
         stop=tuple(cfg.rollout.stop),
     )  # fmt: skip
     trajs = [t for t in trajs if t.stop_reason not in ("aborted", "env_error")]
+    if len(trajs) < 2:
+        raise ConfigError(
+            f"value-pretrain: {len(trajs)} of {rollouts} rollouts ended without an environment "
+            "error; nothing to fit (check the env settings)"
+        )
     n_held = max(1, int(len(trajs) * heldout_frac))
     held, train = trajs[:n_held], trajs[n_held:]
     bs, pad = cfg.learner.batch_size, tokenizer.pad_token_id
@@ -74,11 +91,17 @@ def value_pretrain(
     for _ in range(epochs):
         train_rng.shuffle(train)
         for i in range(0, len(train), bs):
-            _, m = learner._critic_phase(Batch.from_trajectories(train[i : i + bs], pad))
+            m = learner.fit_critic(Batch.from_trajectories(train[i : i + bs], pad))
             losses.append(m["loss/value"])
     ev_after = _explained_variance(learner, held_batches)
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"critic": learner.critic.state_dict(), "config": config_to_toml(cfg)}, out)
+    # Written whole or not at all: a kill mid-write must not leave a torn critic file behind.
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    try:
+        torch.save({"critic": learner.critic.state_dict(), "config": config_to_toml(cfg)}, tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return {
         "rollouts": len(trajs),
         "heldout": n_held,

@@ -56,14 +56,27 @@ def test_bad_config_file(tmp_path: Path, capsys, content: bytes, message: str):
         (b'{"problem": "1+1", "answer": "2"}\n\xff\xfe\n', "line 2: not UTF-8"),
         (b'{"problem": "1+1", "answer": "2"}\n{"problem": "2+2"}\n', "answer"),
         (b"", "no"),
+        # valid JSON that Python's parser still rejects (RecursionError, ValueError)
+        (b'{"problem": "1+1", "answer": "2"}\n' + b"[" * 100_000 + b"\n", "line 2: unreadable"),
+        (b'{"problem": "1+1", "answer": ' + b"1" * 5000 + b"}\n", "line 1: unreadable JSON"),
     ],
-    ids=["truncated", "binary", "missing_answer", "empty"],
+    ids=["truncated", "binary", "missing_answer", "empty", "deeply_nested", "huge_integer"],
 )
 def test_bad_dataset_file(tmp_path: Path, capsys, content: bytes, message: str):
     path = tmp_path / "data.jsonl"
     path.write_bytes(content)
     code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={path}", "env.eval_size=1")
     assert code == 2 and message in err and "data.jsonl" in err
+    assert not (tmp_path / "runs").exists()  # refused before any run directory was made
+
+
+def test_unreadable_parquet_dataset(tmp_path: Path, capsys):
+    path = tmp_path / "data.parquet"
+    path.write_bytes(b"PAR1 not really PAR1")
+    code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={path}", "env.eval_size=1")
+    # without pyarrow: "needs pyarrow"; with it: "not readable as Parquet"
+    assert code == 2 and "data.parquet" in err and "Parquet" in err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_prompts_longer_than_the_context(tmp_path: Path, capsys):
@@ -73,6 +86,18 @@ def test_prompts_longer_than_the_context(tmp_path: Path, capsys):
     code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={path}",
                        "env.eval_size=4", "run.total_steps=50")  # fmt: skip
     assert code == 2 and "longer than the context" in err and "model.max_seq_len" in err
+    # The run stopped on its input after making its directory: nothing of it is left.
+    assert not (tmp_path / "runs").exists()
+
+
+def test_failed_start_removes_only_its_own_run_directory(tmp_path: Path, capsys):
+    runs = tmp_path / "runs"
+    (runs / "other").mkdir(parents=True)
+    (runs / "other" / "keep.txt").write_text("someone else's")
+    code, err = _train(tmp_path, capsys, f"critic.init_from={tmp_path / 'missing.pt'}")
+    assert code == 2 and "critic.init_from" in err
+    assert sorted(p.name for p in runs.iterdir()) == ["other"]
+    assert (runs / "other" / "keep.txt").read_text() == "someone else's"
 
 
 # -- model directories -------------------------------------------------------------------------
@@ -172,3 +197,62 @@ def test_not_a_checkpoint(tmp_path: Path, capsys):
         save_checkpoint(run, int(p.name[5:13]), {"weights": "elsewhere"}, keep=0)
     code, err = _train(tmp_path, capsys, "--resume", str(run))
     assert code == 2 and "not a saorl checkpoint" in err
+
+
+def test_corrupt_metrics_file_on_resume(tmp_path: Path, capsys):
+    run = _one_step_run(tmp_path, capsys)
+    metrics = run / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    metrics.write_text("\n".join([lines[0], "[" * 100_000, *lines[1:]]) + "\n")
+    code, err = _train(tmp_path, capsys, "--resume", str(run), "run.total_steps=3")
+    assert code == 2 and f"{metrics}:2" in err
+
+
+# -- other commands on odd inputs --------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe\n{}\n", "not UTF-8"),
+        (b'{"step": 1}\n' + b"[" * 100_000 + b'\n{"step": 2}\n', "metrics.jsonl:2"),
+    ],
+    ids=["binary", "deeply_nested"],
+)
+def test_report_on_a_bad_metrics_file(tmp_path: Path, capsys, content: bytes, message: str):
+    (tmp_path / "metrics.jsonl").write_bytes(content)
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(tmp_path) in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["report", "RUN", "--out", "FILE"], "File exists"),
+        (["compare", "--arms", "", "--out", "OUT"], "names no arm"),
+        (["compare", "--arms", "sao", "--out", "FILE"], "is a file"),
+        (["eval", "builtin:tiny", "--env", "arithmetic", "--k", "0"], "--k must be >= 1"),
+        (["eval", "builtin:tiny", "--env", "arithmetic", "--limit", "-1"], "--limit must be"),
+        (["value-pretrain", "--rollouts", "1", "--out", "OUT/c.pt"], "--rollouts must be >= 2"),
+        (["value-pretrain", "--rollouts", "4", "--out", "RUN"], "is a directory"),
+    ],
+    ids=[
+        "report_out_file",
+        "compare_no_arms",
+        "compare_out_file",
+        "eval_k0",
+        "eval_limit",
+        "value_pretrain_rollouts",
+        "value_pretrain_out_dir",
+    ],
+)
+def test_odd_command_lines(tmp_path: Path, capsys, argv: list[str], message: str):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "rollout/reward_mean": 0.5}\n')
+    (tmp_path / "file").write_text("x")
+    paths = {"RUN": str(run), "FILE": str(tmp_path / "file"), "OUT": str(tmp_path / "out")}
+    argv = [paths.get(a, a.replace("OUT", paths["OUT"])) for a in argv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()  # refused before anything was written

@@ -9,7 +9,7 @@ import string
 import pytest
 import torch
 
-from saorl.checkpoint import list_checkpoints
+from saorl.checkpoint import list_checkpoints, load_state_file
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.loop import train_from_config
 from tests.conftest import tiny_config
@@ -43,8 +43,7 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
     summary = train_from_config(cfg)
     run_dir = tmp_path / "default"
     ckpts = list_checkpoints(run_dir)
-    first = torch.load(ckpts[0], weights_only=False)
-    last = torch.load(ckpts[-1], weights_only=False)
+    first, last = load_state_file(ckpts[0]), load_state_file(ckpts[-1])
     assert first["step"] == 0 and last["step"] == 4
     # 1 critic warm-up step, then 3 policy updates.
     assert last["version"] == 3 == summary["policy_version"]

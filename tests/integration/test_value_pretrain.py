@@ -8,6 +8,7 @@ import string
 import pytest
 import torch
 
+from saorl.checkpoint import load_state_file
 from saorl.config import ConfigError
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.loop import train_from_config
@@ -26,14 +27,14 @@ def test_pretrained_critic_is_what_training_starts_from(tmp_path, monkeypatch):
     result = value_pretrain(cfg, out, rollouts=24, epochs=2)
     assert out.is_file() and result["rollouts"] == 24 and result["heldout"] == 4
     assert math.isfinite(result["explained_variance_after"])
-    saved = torch.load(out, weights_only=False)["critic"]
+    saved = load_state_file(out)["critic"]
     # The value head left zero: the critic was fitted (frozen attention stays as initialised).
     assert saved["value_head.bias"].abs().sum() > 0
 
     run_cfg = tiny_config(f"run.output_dir={tmp_path}", "learner.sft_steps=2",
                           "run.total_steps=1", f"critic.init_from={out}")  # fmt: skip
     run = train_from_config(run_cfg)["run_dir"]
-    step0 = torch.load(f"{run}/checkpoints/step_00000000.pt", weights_only=False)["critic"]
+    step0 = load_state_file(f"{run}/checkpoints/step_00000000.pt")["critic"]
     for name, value in saved.items():
         assert torch.equal(value, step0[name]), name
 

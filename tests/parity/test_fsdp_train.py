@@ -36,15 +36,15 @@ def _torchrun(*args: str) -> None:
 def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     from safetensors.torch import load_file
 
+    from saorl.checkpoint import load_state_file
+
     _torchrun(f"run.output_dir={tmp_path}", "run.name=fsdp", "run.total_steps=3")
     run = tmp_path / "fsdp"
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["policy_version"] == 2  # step 1 is critic warm-up
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/value" in r] == [1, 2, 3]
-    ckpt = torch.load(
-        run / "checkpoints" / "step_00000003.pt", map_location="cpu", weights_only=False
-    )
+    ckpt = load_state_file(run / "checkpoints" / "step_00000003.pt")
     exported = load_file(run / "final" / "model.safetensors")
     for k, v in exported.items():  # the gathered checkpoint = the replica that was exported
         assert torch.equal(ckpt["policy"][k], v), k

@@ -122,6 +122,8 @@ def test_resume_uses_saved_config(
     run_dir = tmp_path / "exp1"
     run_dir.mkdir()
     (run_dir / "config.toml").write_text('[run]\nname = "exp1"\ntotal_steps = 7\n')
+    (run_dir / "checkpoints").mkdir()
+    (run_dir / "checkpoints" / "step_00000003.pt").write_bytes(b"")  # what --resume looks for
     assert main(["train", "--resume", str(run_dir), "run.total_steps=9"]) == 0
     [(cfg, resume)] = calls
     assert (cfg.run.name, cfg.run.total_steps, resume) == ("exp1", 9, str(run_dir))

@@ -44,6 +44,10 @@ class DatasetError(ConfigError):
     A `ConfigError`: the command line reports it as a bad input (exit code 2, no traceback)."""
 
 
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """A dataset file or data root that does not exist (a bad input, and a FileNotFoundError)."""
+
+
 @dataclass(frozen=True)
 class MathProblem:
     """One problem: the prompt text, the reference answer, a stable key and the source row."""
@@ -115,17 +119,34 @@ def _iter_json_text(path: Path, name: str) -> Iterator[tuple[int, Any]]:
                 raise DatasetError(
                     f"{name} line {exc.lineno}: invalid JSON ({exc.msg}, column {exc.colno})"
                 ) from exc
+            except UnicodeDecodeError:
+                raise  # `_iter_json` finds the line
+            except (ValueError, RecursionError) as exc:
+                raise DatasetError(f"{name}: unreadable JSON ({_json_trouble(exc)})") from None
             yield from enumerate(rows, start=1)
             return
         for number, line in enumerate(f, start=1):
             if not line.strip():
                 continue
             try:
-                yield number, json.loads(line)
+                row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DatasetError(
                     f"{name} line {number}: invalid JSON ({exc.msg}, column {exc.colno})"
                 ) from exc
+            except (ValueError, RecursionError) as exc:
+                raise DatasetError(
+                    f"{name} line {number}: unreadable JSON ({_json_trouble(exc)})"
+                ) from None
+            yield number, row
+
+
+def _json_trouble(exc: Exception) -> str:
+    """Valid JSON that Python's parser still rejects: nesting past the recursion limit, or an
+    integer longer than Python converts (4300 digits by default)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return str(exc).split(";")[0]
 
 
 def _iter_parquet(path: Path, name: str) -> Iterator[tuple[int, Any]]:
@@ -134,22 +155,28 @@ def _iter_parquet(path: Path, name: str) -> Iterator[tuple[int, Any]]:
         import pyarrow.parquet as pq
     except ImportError:
         pq = None
-    if pq is not None:
-        number = 0
-        for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
-            for row in batch.to_pylist():
-                number += 1
-                yield number, row
-        return
+    number = 0
     try:
-        import pandas as pd
-    except ImportError:
-        raise ImportError(hint) from None
-    try:
-        frame = pd.read_parquet(path)
-    except ImportError as exc:  # pandas without a Parquet engine
-        raise ImportError(hint) from exc
-    yield from enumerate(frame.to_dict("records"), start=1)
+        if pq is not None:
+            for batch in pq.ParquetFile(path).iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    number += 1
+                    yield number, row
+            return
+        try:
+            import pandas as pd
+        except ImportError:
+            raise DatasetError(hint) from None
+        try:
+            frame = pd.read_parquet(path)
+        except ImportError:  # pandas without a Parquet engine
+            raise DatasetError(hint) from None
+        yield from enumerate(frame.to_dict("records"), start=1)
+    except DatasetError:
+        raise
+    except (OSError, ValueError, TypeError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        where = f"row {number + 1}" if number else "file"
+        raise DatasetError(f"{name} {where}: not readable as Parquet ({exc})") from None
 
 
 def _field(row: Mapping[str, Any], key: str, name: str, number: int, option: str) -> Any:
@@ -182,7 +209,7 @@ def load_problems(
     if limit is not None and limit < 0:
         raise ValueError(f"limit must be >= 0 or None, got {limit}")
     if not path.is_file():
-        raise FileNotFoundError(f"dataset file not found: {path}")
+        raise DatasetNotFoundError(f"dataset file not found: {path}")
     extract = _resolve_extractor(answer_extractor)
     if path.suffix in (".jsonl", ".json"):
         rows = _iter_json(path, name)
@@ -275,7 +302,7 @@ def load_preset(
     else:
         root, source = default_data_root(), "default: ../shared/data from the current directory"
     if not root.is_dir():
-        raise FileNotFoundError(
+        raise DatasetNotFoundError(
             f"data root {root} ({source}) is not a directory; pass data_root or set SAORL_DATA"
         )
     return load_problems(
