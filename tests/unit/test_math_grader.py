@@ -16,7 +16,8 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from saorl.envs import math_grader
-from saorl.envs.math_grader import extract_boxed, grade, grade_batch, normalize_answer
+from saorl.envs.math_grader import extract_boxed, grade, grade_batch
+from saorl.envs.math_normalize import count_alternatives, normalize_answer
 
 needs_math_verify = pytest.mark.skipif(
     not math_grader._math_verify_installed(),
@@ -326,7 +327,7 @@ def _single_answers() -> st.SearchStrategy[str]:
 @example(answer="\\left| 1,000 - x \\right| + 2,000")
 @example(answer="\\{x \\mid 0 < x \\text{ and } x < 1\\}")
 def test_single_answers_are_one_item(answer: str) -> None:
-    assert math_grader._count_alternatives(answer) == 1
+    assert count_alternatives(answer) == 1
     assert math_grader._fast_verdict(answer, "y") is None  # not rejected: math-verify decides
 
 
@@ -361,7 +362,7 @@ def test_single_answers_are_one_item(answer: str) -> None:
     ],
 )
 def test_count_alternatives(answer: str, items: int) -> None:
-    assert math_grader._count_alternatives(answer) == items
+    assert count_alternatives(answer) == items
 
 
 def test_union_is_an_alternative_only_when_the_reference_is_not_a_set() -> None:
@@ -391,7 +392,7 @@ PATHOLOGICAL = {
 def test_string_functions_are_linear(text: str) -> None:
     start = time.monotonic()
     normalize_answer(text)
-    math_grader._count_alternatives(text)
+    count_alternatives(text)
     math_grader._fast_verdict(text, "1")
     extract_boxed("\\boxed{" + text + "}")
     assert time.monotonic() - start < 5.0

@@ -10,23 +10,9 @@ Pipeline, first decisive step wins:
 2. Fast path, in this process: equal after `normalize_answer` (spaces, `$`, `\\left`/`\\right`
    and `\\big`-style sizes, spacing macros, `\\text{...}`-style wrappers, trailing `.`, `1,000`
    separators, `\\dfrac`) -> 1.
-3. Hedge check: an answer that offers several alternatives while the reference is a single item
-   grades 0 (`_count_alternatives`). It reads the answer after `normalize_answer`'s markup
-   stripping, with Unicode operators mapped to their macros and redundant `{...}` groups ignored,
-   so `{1 \\lor 2}`, `1 \u2228 2` and `1 \\operatorname{or} 2` are all seen. Separators:
-   - disjunctions, anywhere, even inside an argument (`2^{1 \\lor 2}`): the word `or` (also from
-     `\\text{ or }`, `\\mathrm{or}`, "either 1 or 2", "and/or"), `\\lor`, `\\vee`, `\u2228`;
-   - list separators, only outside brackets, set braces, arguments and environments (where they
-     are structure: `\\{x \\mid x > 0\\}`, `(1, 2]`, a matrix's `&` and `\\\\`): `,` `;` `&`
-     `\\&`, the word `and`, `\\land` `\\wedge` `\u2227`, `\\mid`, `\\parallel`, the row breaks
-     `\\\\` `\\newline` `\\cr`; and `\\cup` `\u222a` unless the reference is itself a set or an
-     interval (then a union can be the right answer: `[1,2) \\cup [2,3]` for `[1,3]`);
-   - bars: `|` (`\\vert`) and `\\|` come in pairs around an absolute value or a norm, so an
-     odd number of them outside brackets means one separates (`1 | 2`).
-   Not separators: `/` (a fraction; math-verify grades `1/2` by its value, which no single
-   alternative shares), `\\pm` (math-verify reads `1 \\pm 2` as the set {-1, 3} and grades it as
-   such), capital `OR`/`AND` (point names, as in segment `OR`), relations and other operators
-   (`\\to`, `\\sim`, `\\oplus`, ...: the slow path below gives them no credit).
+3. Hedge check: an answer that offers several alternatives (`1 \\text{ or } 2`, `1, 2`,
+   `1 \\lor 2`; `math_normalize` lists the separators) while the reference is a single item
+   grades 0.
 4. Fast path, numbers: two plain numbers -> equal decimals grade 1, unequal integers grade 0 (so
    AIME/GSM8K-style answers never start a worker). Anything else goes on.
 5. Slow path: `math_verify.parse` + `math_verify.verify` (symbolic and numeric equivalence,
@@ -83,6 +69,8 @@ from concurrent.futures.process import BrokenProcessPool
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from saorl.envs.math_normalize import count_alternatives, is_set_valued, normalize_answer
+
 _log = logging.getLogger(__name__)
 
 _GRACE_S = 1.0  # outer wait beyond timeout_s: lets the worker's own alarm fire first
@@ -93,7 +81,7 @@ _WORKER_MEMORY_BYTES = 4 * 2**30
 _MAX_ANSWER_CHARS = 10_000
 
 # --------------------------------------------------------------------------------------------
-# Extraction and normalisation (pure string functions)
+# Extraction and fast path (pure string functions)
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped character is content
@@ -125,158 +113,8 @@ def extract_boxed(text: str, max_chars: int | None = None) -> str | None:
     return None
 
 
-_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right|middle|[bB]igg?[lrm]?)(?![A-Za-z])")
-# `\\` (a row break) is matched first so that its second backslash is never read as `\ `.
-_SPACING_RE = re.compile(r"\\\\|\\[!,;:> ]|\\q?quad(?![A-Za-z])")
-_FRAC_RE = re.compile(r"\\[dt]frac(?![A-Za-z])")
-# Macros whose argument is shown as it is (text, fonts, operator names): unwrapped.
-_WRAPPERS = (
-    "text|textrm|textbf|textit|textsf|texttt|textup|textnormal|textmd|textsl|emph|mbox|hbox"
-    "|mathrm|mathbf|mathit|mathsf|mathtt|mathnormal|operatorname|mathrel|mathbin"
-)
-# A wrapper's opening, an escaped character (content), or a brace.
-_WRAPPER_SCAN_RE = re.compile(
-    rf"(?P<wrapper>\\(?:{_WRAPPERS})(?![A-Za-z])\s*\{{)|\\.|[{{}}]", re.DOTALL
-)
-_WHITESPACE_RE = re.compile(r"\s+")
-_THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 # Unambiguous, so a failed match backtracks in linear time (`\d+\.?\d*` is quadratic).
 _NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)")
-
-
-def _unwrap(s: str) -> str:
-    """`s` without the `\\text{`-style openings in `_WRAPPERS` and their closing braces, nested
-    ones too, in one pass."""
-    pieces: list[str] = []
-    kept_from = 0
-    wrapper_braces: list[bool] = []  # per open brace: does it close a wrapper?
-    for token in _WRAPPER_SCAN_RE.finditer(s):
-        if token.lastgroup == "wrapper":
-            pieces.append(s[kept_from : token.start()])
-            kept_from = token.end()
-            wrapper_braces.append(True)
-        elif token[0] == "{":
-            wrapper_braces.append(False)
-        elif token[0] == "}" and wrapper_braces and wrapper_braces.pop():
-            pieces.append(s[kept_from : token.start()])
-            kept_from = token.end()
-    pieces.append(s[kept_from:])
-    return "".join(pieces)
-
-
-def _strip_markup(s: str) -> str:
-    """Drop presentation-only LaTeX, keeping whitespace (word boundaries matter for hedges)."""
-    s = s.replace("\\$", "").replace("$", "")
-    s = _LEFT_RIGHT_RE.sub("", s)
-    s = _SPACING_RE.sub(lambda m: m[0] if m[0] == "\\\\" else " ", s)
-    s = _FRAC_RE.sub(r"\\frac", s)
-    return _unwrap(s).replace("{,}", ",")
-
-
-def normalize_answer(answer: str) -> str:
-    """Canonical string form for the fast equality check (never used to reject an answer).
-
-    Removes whitespace, `$` (and `\\$`), `\\left`/`\\right`/`\\big`..., `\\!`/`\\,`/`\\;`/`\\quad`,
-    `\\text{...}`-style wrappers (`_WRAPPERS`), trailing periods and thousands separators of a
-    plain number (`1,000` -> `1000`; `1,00` or `1,2` are lists and stay as they are); maps
-    `\\dfrac` and `\\tfrac` to `\\frac`. Linear in `len(answer)`.
-    """
-    s = _WHITESPACE_RE.sub("", _strip_markup(answer)).rstrip(".")
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    return s
-
-
-# One token per environment boundary, macro, escaped character, word, number, run of spaces or
-# other character.
-_HEDGE_TOKEN_RE = re.compile(
-    r"(?P<environment>\\(?:begin|end)\s*\{[^{}]*\})|\\[A-Za-z]+|\\.|[A-Za-z]+|\d+|\s+|.",
-    re.DOTALL,
-)
-_UNICODE_OPERATORS = str.maketrans(
-    {
-        "\u2228": " \\lor ",  # ∨
-        "\u22c1": " \\lor ",  # ⋁
-        "\u2227": " \\land ",  # ∧
-        "\u22c0": " \\land ",  # ⋀
-        "\u222a": " \\cup ",  # ∪
-        "\u2223": " \\mid ",  # ∣
-        "\u2016": " \\| ",  # ‖
-    }
-)
-_OPENERS = frozenset({"(", "[", r"\{", r"\langle", r"\lbrace", r"\lbrack", r"\lceil", r"\lfloor"})
-_CLOSERS = frozenset({")", "]", r"\}", r"\rangle", r"\rbrace", r"\rbrack", r"\rceil", r"\rfloor"})
-_DISJUNCTIONS = frozenset({"or", r"\lor", r"\vee"})  # separate at any depth
-_SEPARATORS = frozenset(  # separate at the top level only
-    {",", ";", "&", r"\&", "and", r"\land", r"\wedge", r"\mid", r"\parallel"}
-    | {r"\\", r"\newline", r"\cr"}  # row breaks
-)
-_BARS = frozenset({"|", r"\vert", r"\lvert", r"\rvert"})
-_DOUBLE_BARS = frozenset({r"\|", r"\Vert", r"\lVert", r"\rVert"})
-_BEFORE_ARGUMENT = frozenset({"^", "_", "}", "]"})  # `x^{...}`, `\frac{.}{...}`, `\sqrt[3]{...}`
-_SET_MARKER_RE = re.compile(
-    r"\\(?:cup|cap|setminus|emptyset|varnothing|infty|mathbb|in)(?![A-Za-z])|\\\{"
-    "|[\u222a\u2229\u2205\u221e]"  # ∪ ∩ ∅ ∞
-)
-_THREE_DIGITS_RE = re.compile(r"\d{3}(?!\d)")
-_BRACKETED_RE = re.compile(r"[(\[\]].*[)\]\[]", re.DOTALL)  # `(1,2]`, `]0, 1[`
-
-
-def _count_alternatives(answer: str, unions: bool = True) -> int:
-    """How many alternatives `answer` offers (see the module doc, step 3). `unions`: whether
-    `\\cup` separates. One pass over the tokens: linear in `len(answer)`."""
-    s = _strip_markup(answer).translate(_UNICODE_OPERATORS)
-    items = depth = bars = double_bars = 0
-    filled = False  # the current item has content
-    arguments: list[bool] = []  # per open `{`: a macro's argument (structure) or a bare group
-    previous, previous_end = "", -1
-    for match in _HEDGE_TOKEN_RE.finditer(s):
-        token = match[0]
-        if token.isspace():
-            continue
-        if (
-            token == ","
-            and previous.isdigit()
-            and previous_end == match.start()
-            and _THREE_DIGITS_RE.match(s, match.end())
-        ):
-            token = "0"  # `1,500`: a thousands separator, content like the digits around it
-        if token == "{":
-            argument = previous in _BEFORE_ARGUMENT or (
-                previous[:1] == "\\" and previous[1:2].isalpha()
-            )
-            arguments.append(argument)
-            depth += argument
-        elif token == "}":
-            if arguments and arguments.pop():
-                depth -= 1
-        elif match.lastgroup == "environment":
-            depth += 1 if token.startswith("\\begin") else -1
-            filled = True
-        elif token in _OPENERS or token in _CLOSERS:
-            depth += 1 if token in _OPENERS else -1
-            filled = True
-        elif token in _DISJUNCTIONS or (
-            depth == 0 and (token in _SEPARATORS or (unions and token == "\\cup"))
-        ):
-            items += filled
-            filled = False
-        elif depth == 0 and token in _BARS:
-            bars += 1
-        elif depth == 0 and token in _DOUBLE_BARS:
-            double_bars += 1
-        else:
-            filled = True
-        previous, previous_end = token, match.end()
-    # Bars pair up around an absolute value (norm); an odd one out separates, as in `1 | 2`.
-    return items + filled + bars % 2 + double_bars % 2
-
-
-def _is_set_valued(normalized_reference: str) -> bool:
-    """Whether the reference is a set or an interval, which a union of sets may equal."""
-    return bool(
-        _SET_MARKER_RE.search(normalized_reference) or _BRACKETED_RE.fullmatch(normalized_reference)
-    )
 
 
 def _fast_verdict(answer: str, reference: str) -> float | None:
@@ -284,8 +122,8 @@ def _fast_verdict(answer: str, reference: str) -> float | None:
     a, r = normalize_answer(answer), normalize_answer(reference)
     if a == r:
         return 1.0
-    unions = not _is_set_valued(r)
-    if _count_alternatives(answer, unions) > 1 and _count_alternatives(reference, unions) <= 1:
+    unions = not is_set_valued(r)
+    if count_alternatives(answer, unions) > 1 and count_alternatives(reference, unions) <= 1:
         return 0.0
     if _NUMBER_RE.fullmatch(a) and _NUMBER_RE.fullmatch(r):
         try:
