@@ -24,7 +24,7 @@ from pathlib import Path
 
 from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
-from saorl.envs.sandbox import run, run_python, sandbox_info
+from saorl.sandbox import run, run_python, sandbox_info
 
 Call = Callable[[], object]
 

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from saorl.envs.base import StepResult
-from saorl.envs.sandbox import ExecResult, run, run_python
 from saorl.envs.swe.env import SweEnv
-from saorl.envs.swe.generator import generate_pool
+from saorl.envs.swe.gen.generator import generate_pool
 from saorl.envs.swe.spec import hermes_call
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.tools import ToolRunner
 from saorl.envs.swe.workspace import collect_changes, copy_tree, remove_tree, tree_bytes
+from saorl.sandbox import ExecResult, run, run_python
 
 pytestmark = pytest.mark.faults
 

@@ -4,7 +4,7 @@ Every hostile row must end contained, with a clear status, and leave the host as
 child left to the test process, no file written outside, host memory bounded while reading the
 output, and a follow-up sandbox call that still works. Rows run on both backends unless they
 test isolation only bubblewrap provides ("isolation") or need the per-call cgroups ("cgroups":
-without them a fork bomb run as root takes the machine down, see DESIGN.md section 5).
+without them a fork bomb run as root takes the machine down, see docs/design.md section 6).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from string import Template
 
 import pytest
 
-from saorl.envs.sandbox import (
+from saorl.sandbox import (
     ExecResult,
     Limits,
     arun_python,
@@ -37,7 +37,7 @@ from saorl.envs.sandbox import (
     sandbox_info,
     set_max_concurrency,
 )
-from saorl.envs.sandbox_io import HeadTail
+from saorl.sandbox.output import HeadTail
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = Limits(wall_s=1.5, cpu_s=5, memory_bytes=512 << 20, max_processes=32)
@@ -125,12 +125,12 @@ def test_sandbox_info_reports_backend_and_cgroups() -> None:
 def test_fallback_warns_once_about_what_it_does_not_isolate(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from saorl.envs import sandbox, sandbox_cgroup
+    from saorl.sandbox import cgroup, runner
 
-    monkeypatch.setattr(sandbox, "_probed", None)  # restored after the test
-    monkeypatch.setattr(sandbox, "find_bwrap", lambda: None)
-    no_cgroups = sandbox_cgroup.CgroupSupport(error="read-only /sys/fs/cgroup (simulated)")
-    monkeypatch.setattr(sandbox_cgroup, "probe", lambda: no_cgroups)
+    monkeypatch.setattr(runner, "_probed", None)  # restored after the test
+    monkeypatch.setattr(runner, "find_bwrap", lambda: None)
+    no_cgroups = cgroup.CgroupSupport(error="read-only /sys/fs/cgroup (simulated)")
+    monkeypatch.setattr(cgroup, "probe", lambda: no_cgroups)
     with pytest.warns(RuntimeWarning) as caught:
         result = run_python("print('fallback')")
     messages = " ".join(str(w.message) for w in caught)
@@ -468,7 +468,7 @@ def test_hostile_program_is_contained(name: str, backend: str, host: dict) -> No
 def test_bubblewrap_backend_is_in_use() -> None:
     # The hostile table skips its bwrap rows when bubblewrap is unusable, which once hid a bug
     # (a venv under /tmp was shadowed by the sandbox's private /tmp). On the project's machines
-    # bubblewrap works (DESIGN.md section 5); elsewhere set SAORL_SANDBOX_FALLBACK_OK=1.
+    # bubblewrap works (docs/design.md section 6); elsewhere set SAORL_SANDBOX_FALLBACK_OK=1.
     info = sandbox_info()
     if os.environ.get("SAORL_SANDBOX_FALLBACK_OK") == "1":
         pytest.skip("fallback backend allowed by SAORL_SANDBOX_FALLBACK_OK=1")

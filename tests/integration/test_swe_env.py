@@ -11,7 +11,7 @@ import time
 import pytest
 
 from saorl.envs.swe.env import SweEnv
-from saorl.envs.swe.generator import generate_pool
+from saorl.envs.swe.gen.generator import generate_pool
 from saorl.envs.swe.spec import hermes_call
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.tools import CODE_TAG

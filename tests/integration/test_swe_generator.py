@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.envs.swe.generator import generate_pool
+from saorl.envs.swe.gen.generator import generate_pool
 from saorl.envs.swe.grading import grade
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from saorl.envs.swe.generator import _edit, candidate
-from saorl.envs.swe.mutate import mutate, mutation_sites
-from saorl.envs.swe.templates import all_templates
+from saorl.envs.swe.gen.generator import _edit, candidate
+from saorl.envs.swe.gen.mutate import mutate, mutation_sites
+from saorl.envs.swe.gen.templates import all_templates
 
 SOURCE = '''"""doc"""
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -80,6 +82,22 @@ def test_protected_paths():
     assert is_protected("pytest.ini", ()) and is_protected("setup.cfg", ())
     assert not is_protected("pkg/a.py", protected)
     assert not is_protected("testsuite/x.py", protected)
+
+
+def test_grade_cache_keys_on_the_changes_grading_applies(monkeypatch: pytest.MonkeyPatch):
+    from saorl.envs.swe import env
+
+    calls: list[dict] = []
+    monkeypatch.setattr(env, "_cache", OrderedDict())
+    monkeypatch.setattr(env, "grade", lambda task, changes, **kw: calls.append(changes) or 1)
+    task = SimpleNamespace(key="t", snapshot=Path("/nonexistent/snap"), protected=("tests/",))
+    plain = {"pkg/a.py": b"x = 2\n"}
+    # The same edit, plus what grading ignores: an unnormalised path, bytecode, a protected
+    # test file, a path escaping the tree.
+    noisy = {"./pkg/a.py": b"x = 2\n", "pkg/__pycache__/a.cpython-311.pyc": b"\0",
+             "tests/test_a.py": b"", "../escape.py": b""}  # fmt: skip
+    assert env.cached_grade(task, plain) == env.cached_grade(task, noisy) == 1
+    assert calls == [plain]
 
 
 def test_read_file_refuses_a_fifo_without_blocking(tmp_path: Path):

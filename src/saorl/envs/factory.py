@@ -1,32 +1,14 @@
-"""Build the task and environment that `env.name` selects (one visible if/elif).
-
-An `EnvSpec` is everything the loop needs from a task: training problems (`task.sample(rng)`),
-the held-out set (`task.held_out`), a fresh environment per episode, the episode budgets and
-stop strings, and, for the built-in tasks, demonstrations for the supervised warm-up.
-"""
+"""Build the task and environment that `env.name` selects (one visible if/elif): an `EnvSpec`
+(`saorl.envs.base`)."""
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.base import Env
-from saorl.sft import Segments
-
-
-@dataclass
-class EnvSpec:
-    task: Any  # .sample(rng) -> problem; .held_out -> list of problems (.prompt/.answer/.key)
-    make_env: Callable[[], Env]
-    max_turns: int
-    max_tool_calls: int
-    stop: tuple[str, ...]
-    demo: Callable[[Any, random.Random], Segments] | None = None
-    step_timeout_s: float = 600.0  # env.step_timeout_s
+from saorl.envs.base import EnvSpec
 
 
 class DatasetTask:

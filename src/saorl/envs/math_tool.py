@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from saorl.envs.base import Message, StepResult
-from saorl.envs.sandbox import Limits, run_python
 from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call
+from saorl.sandbox import Limits, run_python
 
 CODE_INSTRUCTIONS = (
     "Solve the problem. You may run Python code by writing <python>code</python>; the printed "

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.envs.base import Message, StepResult
-from saorl.envs.swe.grading import GradeResult, grade, is_protected
+from saorl.envs.swe.grading import GradeResult, gradable, grade
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.tools import ToolRunner, check_arguments, describe, instructions, parse
 from saorl.envs.swe.workspace import (
@@ -67,8 +67,9 @@ def _digest(changes: Changes) -> str:
 
 
 def cached_grade(task: SweTask, changes: Changes, **kwargs: Any) -> GradeResult:
-    """`grade`, memoised on the changes grading would apply (protected paths left out)."""
-    kept = {p: c for p, c in changes.items() if not is_protected(p, task.protected)}
+    """`grade`, memoised on the changes grading applies (normalised paths, protected ones, caches
+    and bytecode left out), so changes that differ only in what grading ignores share a grade."""
+    kept = gradable(changes, task.protected)
     key = (task.key, str(task.snapshot), _digest(kept))
     with _cache_lock:
         if key in _cache:

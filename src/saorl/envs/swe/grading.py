@@ -70,7 +70,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from saorl.envs.sandbox import ExecResult, Limits, run
 from saorl.envs.swe.workspace import (
     SKIP_DIRS,
     SKIP_SUFFIXES,
@@ -80,6 +79,7 @@ from saorl.envs.swe.workspace import (
     remove_tree,
     safe_relpath,
 )
+from saorl.sandbox import ExecResult, Limits, run
 
 PASSING = ("passed", "xfailed")
 INFRASTRUCTURE = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})

@@ -6,9 +6,10 @@ import json
 import random
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.factory import EnvSpec
+from saorl.envs.base import EnvSpec
 from saorl.envs.swe.env import SweEnv
 from saorl.envs.swe.grading import check_pytest
 from saorl.envs.swe.sandbox_tools import replace_once
@@ -16,7 +17,9 @@ from saorl.envs.swe.task import SweTask, TaskPool
 from saorl.envs.swe.tools import CODE_TAG, ToolRunner, instructions
 from saorl.envs.swe.workspace import default_cache_dir
 from saorl.rollout.tools import ToolFormat, stop_strings
-from saorl.sft import Segments
+
+if TYPE_CHECKING:
+    from saorl.sft import Segments  # a type only: saorl.sft imports torch
 
 
 def hermes_call(name: str, **arguments: object) -> str:
@@ -55,7 +58,7 @@ class GoldDemo:
 def build_swe_spec(cfg: EnvConfig) -> EnvSpec:
     cache = Path(cfg.swe_cache_dir) if cfg.swe_cache_dir else default_cache_dir()
     if cfg.swe_source == "generated":
-        from saorl.envs.swe.generator import generate_pool
+        from saorl.envs.swe.gen.generator import generate_pool
 
         held_out, train = generate_pool(cfg.seed, cfg.eval_size, cfg.swe_num_tasks, cache)
     elif cfg.swe_source == "swebench":

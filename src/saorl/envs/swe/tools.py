@@ -25,9 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from saorl.envs.sandbox import Limits, run
-from saorl.envs.sandbox_io import middle_truncate
 from saorl.rollout.tools import ToolCall, ToolCallError, ToolFormat, parse_tool_call
+from saorl.sandbox import Limits, middle_truncate, run
 
 CODE_TAG = "bash"
 MAX_COMMAND_BYTES = 100_000  # a bash command (the kernel refuses one argument over 128 KiB)

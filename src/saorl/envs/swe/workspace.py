@@ -14,7 +14,7 @@ Decisions:
   others are read. The total of changed bytes is capped (`ChangesTooLarge`).
 - Files are read with O_NOFOLLOW and written only below directories that are not symlinks.
 - The agent's copy is hostile input (nests past PATH_MAX, symlink loops, fifos, names that are
-  not UTF-8): it is walked and deleted by `saorl.envs.sandbox_tree`, iteratively and without
+  not UTF-8): it is walked and deleted by `saorl.sandbox.tree`, iteratively and without
   following links. A file whose path is longer than `MAX_PATH_BYTES` is never a change (no fix
   needs one, and it could not be re-created in a grading copy). Other names are kept as `str`
   (surrogate-escaped bytes, re-created as the same bytes); `display_path` is their text form.
@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
 
-from saorl.envs.sandbox_tree import FILE_FLAGS, Entry, read_at, remove_tree, walk
+from saorl.sandbox.tree import FILE_FLAGS, Entry, read_at, remove_tree, walk
 
 Changes = dict[str, bytes | None]  # relative posix path -> new content (None: deleted)
 

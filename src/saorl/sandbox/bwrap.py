@@ -1,6 +1,6 @@
 """The bubblewrap command line of the sandbox: namespaces, mounts and environment.
 
-Kept apart from `sandbox.py` so the whole isolation policy reads in one place. What is visible
+Kept apart from `process.py` so the whole isolation policy reads in one place. What is visible
 inside is an allow-list: /usr (with the /bin, /lib... links of a merged-/usr system), a few /etc
 files the dynamic loader and time zone need, and the interpreter's prefix and venv, all
 read-only; the rest of the host (home dirs, the repo, /tmp, /sys) does not exist inside.

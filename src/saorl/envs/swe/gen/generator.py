@@ -15,8 +15,9 @@ the whole repository, tests included (like a repository whose CI is red); gradin
 dropped, so the held-out tasks never reappear among training tasks.
 
 Validation results are cached as JSON records under the cache dir, keyed by (seed, index) and
-a hash of the generator's code, pytest's and Python's versions: a second run with the same seed
-(or `saorl eval` after `saorl train`) reads them instead of running the sandbox again.
+a hash of the generator's code and templates, pytest's and Python's versions: a second run with
+the same seed (or `saorl eval` after `saorl train`) reads them instead of running the sandbox
+again.
 
 Layout of a task's repository: `README.md`, `PKG/__init__.py`, `PKG/<module>.py` (one or two),
 `tests/test_<module>.py`.
@@ -40,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saorl.envs.swe.gen.mutate import AST_LOCK, Mutation, mutate, mutation_sites
+from saorl.envs.swe.gen.templates import PACKAGES, PLACEHOLDER, Template, all_templates
 from saorl.envs.swe.grading import PASSING, TestRun, check_pytest, run_tests
-from saorl.envs.swe.mutate import AST_LOCK, Mutation, mutate, mutation_sites
 from saorl.envs.swe.task import SweTask
-from saorl.envs.swe.templates import PACKAGES, Template, all_templates
 from saorl.envs.swe.workspace import remove_tree, write_files
 
 MAX_SITES_TRIED = 24  # mutation sites tried per task index before the index is skipped
@@ -73,7 +74,7 @@ class Candidate:
         for i, t in enumerate(self.modules):
             source = buggy_source if i == 0 and buggy_source is not None else t.source
             files[f"{pkg}/{t.name}.py"] = source
-            files[f"tests/test_{t.name}.py"] = t.tests.replace("PKG", pkg)
+            files[f"tests/test_{t.name}.py"] = t.tests.replace(PLACEHOLDER, pkg)
         return {k: v.encode() for k, v in files.items()}
 
     def test_ids(self) -> list[str]:
@@ -234,9 +235,12 @@ def _version() -> str:
     import pytest
 
     h = hashlib.sha256(f"{sys.version}|{pytest.__version__}".encode())
-    for name in ("templates.py", "templates_more.py", "mutate.py", "generator.py",
-                 "pytest_runner.py"):  # fmt: skip
-        h.update(Path(__file__).with_name(name).read_bytes())
+    here = Path(__file__).parent
+    for path in (here / "templates.py", here / "mutate.py", here / "generator.py",
+                 here.parent / "pytest_runner.py"):  # fmt: skip
+        h.update(path.read_bytes())
+    for t in all_templates():
+        h.update(f"{t.name}\0{t.source}\0{t.tests}\0".encode())
     return h.hexdigest()[:16]
 
 

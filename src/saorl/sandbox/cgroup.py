@@ -3,7 +3,7 @@
 Why cgroups and not rlimits alone: processes run as root on the project's machines and
 `RLIMIT_NPROC` does not bind root (the kernel exempts uid 0 even inside a user namespace, since
 the sandbox's uid maps back to it), and `RLIMIT_AS` is per process, so a fork bomb once exhausted
-the host (DESIGN.md section 5). A cgroup bounds the whole tree, whatever it does.
+the host (docs/design.md section 6). A cgroup bounds the whole tree, whatever it does.
 
 Each call gets `<own cgroup>/saorl-<uuid>` in every controller, nested under the cgroup the
 calling process already lives in, so limits set on the caller (a container, a job) still apply

@@ -1,0 +1,148 @@
+"""Package boundaries: what importing one part of saorl drags in with it, and import cycles.
+
+`python tests/unit/test_layout.py` prints every import cycle among saorl's modules.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+# module -> modules (and their submodules) that importing it must not load
+BOUNDARIES = {
+    # Tool-running processes import only the sandbox: no torch, no environments.
+    "saorl.sandbox": ("torch", "saorl.envs"),
+}
+# Packages that must have no import cycle among the modules they hold.
+ACYCLIC = ("saorl.envs", "saorl.sandbox")
+
+
+@pytest.mark.parametrize("module", sorted(BOUNDARIES))
+def test_import_stays_inside_its_boundary(module: str) -> None:
+    code = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    loaded = set(out.split())
+    for banned in BOUNDARIES[module]:
+        leaked = sorted(m for m in loaded if m == banned or m.startswith(banned + "."))
+        assert not leaked, f"importing {module} loaded {leaked}"
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["import-time", "with-lazy"])
+def test_no_import_cycles(lazy: bool) -> None:
+    cycles = [c for c in import_cycles(lazy) if any(m.startswith(ACYCLIC) for m in c)]
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in sorted((SRC / "saorl").rglob("*.py")):
+        parts = path.relative_to(SRC).with_suffix("").parts
+        if all(p.isidentifier() for p in parts):  # data directories (templates) are not code
+            names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(body: list[ast.stmt], lazy: bool) -> list[ast.stmt]:
+    """Statements run at import (module level, inside `if`/`try`/`with`/`class`) and, if `lazy`,
+    those in function bodies too; never `if TYPE_CHECKING:` blocks."""
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                out += _import_nodes(node.body, lazy)
+            out += _import_nodes(node.orelse, lazy)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                out += _import_nodes(block, lazy)
+        elif isinstance(node, (ast.With, ast.ClassDef)) or (
+            lazy and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        ):
+            out += _import_nodes(node.body, lazy)
+    return out
+
+
+def import_graph(lazy: bool = False) -> dict[str, set[str]]:
+    """module -> saorl modules it imports when it is imported (and, if `lazy`, in functions)."""
+    names = module_names()
+    graph: dict[str, set[str]] = {name: set() for name in names}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in _import_nodes(ast.parse(path.read_bytes()).body, lazy):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # `from pkg import sub` imports the submodule; `from pkg import name`, pkg
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
+                           for a in node.names]  # fmt: skip
+            graph[name] |= {t for t in targets if t in names and t != name}
+    return graph
+
+
+def import_cycles(lazy: bool = False) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each sorted."""
+    graph = import_graph(lazy)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(out)
+
+
+if __name__ == "__main__":
+    print(f"{len(module_names())} modules")
+    for lazy in (False, True):
+        found = import_cycles(lazy)
+        kind = "counting imports inside functions" if lazy else "import-time imports"
+        print(f"{kind}: {len(found)} cycle(s)")
+        for comp in found:
+            print("  cycle:", " <-> ".join(comp))
