@@ -23,7 +23,8 @@ model and a char-level tokenizer, on CPU, in about a minute:
 Departures from the paper (all for a CPU demo that finishes in a minute):
 - Synchronous: rollouts come from the current weights, so the DIS ratio is ~1 up to numerics
   and the band never masks anything. The asynchronous pipeline (stale rollouts, partial
-  rollouts, admission control) is `saorl.loop` (DESIGN section 2); the per-step math is the same.
+  rollouts, admission control) is `saorl.loop` (docs/design.md section 2); the per-step math is
+  the same.
 - No value pre-training corpus: the critic only gets `--critic-warmup-steps` critic-only
   steps (paper: 10) on fresh rollouts of the initial policy before the first policy step.
 - Tiny scale: B = 64 prompts per step (paper: 128), policy lr 5e-5 (paper: 1e-6 for 7B+
@@ -203,7 +204,7 @@ def sao_step(
     """Critic values -> GAE -> K critic steps -> (maybe) one DIS policy step."""
     mask = batch.action_mask
     # Values before any critic update on this batch: a baseline must not have seen the
-    # outcome it is compared with (DESIGN section 1).
+    # outcome it is compared with (docs/design.md section 1).
     critic.eval()
     with torch.no_grad():
         old_values = critic(batch.input_ids, batch.attention_mask) * mask

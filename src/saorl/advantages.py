@@ -68,7 +68,7 @@ def skip_observation_gae(
     *,
     chunk_size: int = 64,
 ) -> tuple[Tensor, Tensor]:
-    """Token-level GAE that skips observation tokens (SAO critic, DESIGN section 1).
+    """Token-level GAE that skips observation tokens (SAO critic, docs/design.md section 1).
 
     Over the action positions ``t_1 < ... < t_n`` of each row::
 
@@ -156,7 +156,7 @@ def length_adaptive_lambda(action_mask: Tensor, alpha: float = 1.5) -> Tensor:
     """Length-adaptive GAE lambda for the policy (VAPO; SAO uses ``alpha = 1.5``).
 
     ``lambda_b = 1 - 1 / (alpha * l_b)`` with ``l_b`` the number of action tokens of row b
-    (DESIGN section 1), so long trajectories get lambda near 1 (low bias) and short ones a
+    (docs/design.md section 1), so long trajectories get lambda near 1 (low bias) and short ones a
     smaller lambda (low variance).
 
     The result is clamped to ``[0, 1]``: for ``alpha * l < 1`` (only possible with

@@ -1,5 +1,6 @@
 """Learner batches from finished trajectories: completion order, whole groups, staleness drop,
-and the replacement of crashed rollout workers. Used by `saorl.loop`."""
+and the replacement of crashed rollout workers. Used by the rollout pools
+(`saorl.rollout.pool`)."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ ARMS: dict[str, tuple[str, ...]] = {
     "grpo_dis": ("algorithm.name=grpo_dis",),
     "running_mean": ("algorithm.name=running_mean",),
     "vapo": ("algorithm.name=vapo",),
-    # SAO ablations: each removes one ingredient of the critic recipe (DESIGN.md section 1.3).
+    # SAO ablations: each removes one ingredient of the critic recipe (docs/design.md section 1.3).
     "sao_no_freeze": ("algorithm.name=sao", "critic.freeze=none"),
     "sao_k1": ("algorithm.name=sao", "critic.updates_per_step=1"),
     "sao_fixed_lambda": ("algorithm.name=sao", "algorithm.lambda_mode=fixed"),

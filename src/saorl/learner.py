@@ -1,27 +1,36 @@
-"""The learner: one optimizer step per call, for the policy and its critic.
+"""The learner: the policy, its critic, their optimizers, and one SAO step per batch.
 
-For SAO (DESIGN.md section 1) one step on a batch of finished single rollouts is:
-1. critic values for every position (before any critic update: a baseline must not have seen
+For SAO (docs/design.md section 1) one step on a batch of finished single rollouts is:
+1. critic values for every position, before any critic update (a baseline must not have seen
    the outcome it is compared with);
 2. skip-observation GAE with the length-adaptive `lambda_policy` -> advantages, and with
    `lambda_critic` (1 by default) -> value targets;
 3. K critic optimizer steps on the value loss;
 4. unless still in critic warm-up, one DIS policy step; the policy version then advances.
 
+`algorithm.advantage` picks step 1-3 (`gae`) or a critic-free estimator (`group`: GRPO's
+group-normalised outcome, `running_mean`: reward minus the prompt's running mean);
+`algorithm.policy_loss` picks the ratio of step 4 (`dis`: against the engine's recorded
+log-probs, `ppo_clip`: against the old policy, the weights at the start of the step).
+
 Micro-batches accumulate gradients; each micro-batch loss is weighted by its share of the batch
-(action tokens for `token_mean`, rows for `seq_mean_token_mean`) so the accumulated gradient
+(action tokens for `token_mean`, rows for `seq_mean_token_mean`), so the accumulated gradient
 equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or with
 `learner.micro_batch_tokens > 0` rows packed into one row without padding up to that many tokens
-(`saorl.models.packing`). With `learner.fsdp` under torchrun, policy and critic are sharded with
-FSDP2 and every rank trains its block of rows (`saorl.distributed.fsdp`). Metrics stay tensors
-until the end of a step: no CPU-GPU sync per micro-batch in this file.
+(`saorl.models.packing`).
+
+This class is written for one process. Sharding over several ranks (FSDP2) changes what
+`self.sharding` does (`saorl.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this code.
+Metrics stay tensors until the end of a step, so no micro-batch waits for the device: a step
+syncs once per optimizer step (whether the gradient is finite decides whether it steps), once
+per planning of micro-batches (row lengths) and once for its metrics.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,74 +41,63 @@ from saorl.advantages import (
     length_adaptive_lambda,
     skip_observation_gae,
 )
+from saorl.checkpoint import load_state_file, save_checkpoint
 from saorl.config import Config, ConfigError
-from saorl.distributed.fsdp import (
-    fsdp_active,
-    full_optimizer_state,
-    full_state,
-    gather_rows,
-    load_full_state,
-    rank_and_world,
-    rank_bounds,
-    reduce_metrics,
-    scalar,
-    shard_module,
-)
+from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
+    k3,
     logprob_mismatch,
     masked_aggregate,
     ppo_clip_policy_loss,
     value_loss,
 )
 from saorl.models.critic import Critic, freeze_attention
+from saorl.models.loading import save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.packing import plan_token_micro_batches
+from saorl.sft import supervised_warmup
+from saorl.sharding import MicroBatch, Sharding, StepMetrics
 from saorl.types import Batch
 
-
-def _share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
-    if agg == "token_mean":
-        return mask.sum() / total.sum().clamp(min=1)
-    rows = (mask.sum(-1) > 0).sum()
-    return rows / (total.sum(-1) > 0).sum().clamp(min=1)
-
-
-def _grad_norm_and_step(
-    params: list[nn.Parameter], optimizer: torch.optim.Optimizer, clip: float
-) -> tuple[float, bool]:
-    """Clip, step unless the gradient is not finite; return (pre-clip norm, stepped)."""
-    # One sync per optimizer step: whether to step depends on it. Under FSDP2 the norm is a
-    # DTensor over the sharded gradients and `scalar` makes it whole.
-    norm = scalar(torch.nn.utils.clip_grad_norm_(params, clip))
-    if not math.isfinite(norm):
-        optimizer.zero_grad(set_to_none=True)
-        return norm, False
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm, True
+if TYPE_CHECKING:
+    from saorl.envs.base import EnvSpec
+    from saorl.metrics import TrainProgress
 
 
 class NonFiniteError(RuntimeError):
     """Too many learner steps in a row had a non-finite gradient."""
 
 
-class Learner:
-    """Owns the policy, the critic and their optimizers; `step(batch)` does one SAO step."""
+def _share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
+    """A micro-batch's share of the batch loss: action tokens, or rows with action tokens."""
+    if agg == "token_mean":
+        return mask.sum() / total.sum().clamp(min=1)
+    rows = (mask.sum(-1) > 0).sum()
+    return rows / (total.sum(-1) > 0).sum().clamp(min=1)
 
-    def __init__(self, cfg: Config, policy: nn.Module, device: torch.device) -> None:
+
+class Learner:
+    """Owns the policy, the critic and their optimizers; `step(batch)` does one SAO step.
+
+    This is the learner of one process, and also each rank's learner when sharded (pass the
+    `sharding`). It implements `saorl.interfaces.Learner` for the training loop.
+    """
+
+    def __init__(
+        self, cfg: Config, policy: nn.Module, device: torch.device, sharding: Sharding | None = None
+    ) -> None:
         self.cfg = cfg
         self.device = device
-        self.fsdp = fsdp_active(cfg)
-        self.rank, self.world = rank_and_world(self.fsdp)
+        self.sharding = sharding or Sharding()
         self.policy = policy.to(device)
-        # The critic is copied from the unsharded policy, before the policy is sharded.
-        self.critic: Critic | None = None
-        self.reset_critic_from_policy()
+        # The critic copies the policy's backbone, so it is built before the policy is sharded.
+        self.critic = Critic(self.policy).to(device)
+        self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
+        self.sharding.shard(self.critic)
         # Log-probs run through this module's forward: FSDP2's root hooks gather the head there.
         self.policy_fwd = PolicyLogprobs(self.policy)
-        if self.fsdp:
-            shard_module(self.policy_fwd, cfg.learner.mixed_precision)
+        self.sharding.shard(self.policy_fwd)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad]
         self.policy_opt = torch.optim.AdamW(
             self.policy_params, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
@@ -109,138 +107,99 @@ class Learner:
         self.policy_sched = torch.optim.lr_scheduler.LambdaLR(
             self.policy_opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
         )
+        self._new_critic_optimizer()
         self.version = 0  # policy version: number of policy optimizer steps taken
         self.steps = 0  # learner steps (critic warm-up steps included)
         self.skipped_steps = 0  # optimizer steps whose gradient was not finite
         self.nonfinite_streak = 0  # learner steps in a row with a skipped optimizer step
         self.baseline = RunningMeanBaseline(window=cfg.algorithm.baseline_window)
 
-    def reset_critic_from_policy(self) -> None:
-        """(Re-)initialise the critic from the current policy, with a fresh optimizer.
-
-        Called at construction and again after a supervised warm-up, so that the critic starts
-        from the policy it will judge (DESIGN.md section 1).
-        """
-        cfg = self.cfg
-        if self.fsdp and self.critic is not None:
-            self._reset_sharded_critic()
-        else:
-            self.critic = Critic(self.policy).to(self.device)
-            self.frozen: list[str] = []
-            if cfg.critic.freeze == "attention":
-                self.frozen = freeze_attention(self.critic)
-            if self.fsdp:
-                shard_module(self.critic, cfg.learner.mixed_precision)
+    def _new_critic_optimizer(self) -> None:
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
         self.critic_opt = torch.optim.AdamW(
-            self.critic_params, lr=cfg.critic.lr, weight_decay=cfg.critic.weight_decay
+            self.critic_params, lr=self.cfg.critic.lr, weight_decay=self.cfg.critic.weight_decay
         )
 
-    def _reset_sharded_critic(self) -> None:
-        """Sharded critic <- gathered policy backbone and a zero value head (FSDP mode)."""
-        prefix = self.policy.base_model_prefix + "."
-        policy = full_state(self.policy, everywhere=True)
-        state = {
-            "backbone." + k[len(prefix) :]: v for k, v in policy.items() if k.startswith(prefix)
-        }
-        dtype = next(iter(state.values())).dtype
-        head = self.critic.value_head
-        state["value_head.weight"] = torch.zeros(head.weight.shape, dtype=dtype)
-        state["value_head.bias"] = torch.zeros(head.bias.shape, dtype=dtype)
-        load_full_state(self.critic, state if self.rank == 0 else {})
-
-    def state_dict(self) -> dict[str, Any]:
-        """Weights, optimizers, scheduler and counters for a checkpoint (`load_state` inverse).
-
-        Under FSDP this gathers the full states (all ranks must call it); rank 0 gets them on
-        CPU, the other ranks get empty weight and optimizer dicts.
-        """
-        if self.fsdp:
-            weights = {
-                "policy": full_state(self.policy),
-                "critic": full_state(self.critic),
-                "policy_opt": full_optimizer_state(self.policy, self.policy_opt),
-                "critic_opt": full_optimizer_state(self.critic, self.critic_opt),
-            }
-        else:
-            weights = {
-                "policy": self.policy.state_dict(),
-                "critic": self.critic.state_dict(),
-                "policy_opt": self.policy_opt.state_dict(),
-                "critic_opt": self.critic_opt.state_dict(),
-            }
-        return {
-            "step": self.steps,
-            "version": self.version,
-            **weights,
-            "policy_sched": self.policy_sched.state_dict(),
-            "skipped_steps": self.skipped_steps,
-            "baseline": self.baseline.state_dict(),
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Restore weights, optimizers and counters from a checkpoint dict.
-
-        Under FSDP every rank calls it; only rank 0's weight and optimizer entries are read
-        (they are broadcast), the counters must be given on every rank.
-        """
-        if self.fsdp:
-            load_full_state(self.policy, state.get("policy", {}), self.policy_opt,
-                            state.get("policy_opt"))  # fmt: skip
-            load_full_state(self.critic, state.get("critic", {}), self.critic_opt,
-                            state.get("critic_opt"))  # fmt: skip
-        else:
-            try:
-                self.policy.load_state_dict(state["policy"])
-                self.critic.load_state_dict(state["critic"])
-                self.policy_opt.load_state_dict(state["policy_opt"])
-            except (KeyError, RuntimeError, ValueError) as e:
-                raise ConfigError(
-                    f"the checkpoint does not fit this run's model/learner config "
-                    f"({type(e).__name__}: {str(e)[:300]}); resume with the run's own config.toml"
-                ) from e
-            self.critic_opt.load_state_dict(state["critic_opt"])
-        if "policy_sched" in state:
-            self.policy_sched.load_state_dict(state["policy_sched"])
-        self.steps = state["step"]
-        self.version = state["version"]
-        self.skipped_steps = state.get("skipped_steps", 0)
-        if "baseline" in state:
-            self.baseline.load_state_dict(state["baseline"])
-
-    def _micro_batches(self, batch: Batch) -> list[tuple[list[int], bool]]:
-        """This rank's micro-batches as `(row indices, live)`.
-
-        `micro_batch_size` rows at a time, or rows grouped by the `micro_batch_tokens` budget.
-        Under FSDP every rank must run as many forward/backward passes as the others (each one
-        gathers parameters collectively), so a rank with fewer micro-batches adds passes over
-        one of its rows with `live=False`, weighted 0. Every rank sees the whole batch, so each
-        computes all ranks' plans and no communication is needed to agree on the count.
-        """
-        lc = self.cfg.learner
-        lengths = batch.attention_mask.sum(-1).tolist()
-        plans: list[list[list[int]]] = []
-        for r in range(self.world):
-            lo, hi = rank_bounds(batch.size, r, self.world)
-            if lc.micro_batch_tokens:
-                plan = plan_token_micro_batches(lengths[lo:hi], lc.micro_batch_tokens)
-                plans.append([[lo + i for i in mb] for mb in plan])
+    # -- one step ------------------------------------------------------------------------------
+    def step(self, batch: Batch) -> dict[str, Any]:
+        """One learner step on a batch: advantages (and critic updates), then the policy."""
+        cfg, algo = self.cfg, self.cfg.algorithm
+        b = batch.to(self.device)
+        mask = b.action_mask
+        m = StepMetrics()
+        micro = self._micro_batches(b)
+        skipped_before = self.skipped_steps
+        warmup = False
+        if algo.advantage == "gae":
+            # 1. Values before any critic update. Observation tokens enter GAE only when
+            # skipping them is switched off (an ablation); losses cover action tokens only.
+            gae_mask = mask if algo.skip_observations else b.completion_mask
+            self.critic.eval()
+            with torch.no_grad():
+                values = self.sharding.map_rows(b, micro, self._values) * gae_mask
+            # 2. Skip-observation GAE: policy advantages and the critic's targets.
+            if algo.lambda_mode == "adaptive":
+                lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
             else:
-                step = lc.micro_batch_size
-                plans.append([list(range(i, min(i + step, hi))) for i in range(lo, hi, step)])
-        mine = [(mb, True) for mb in plans[self.rank]]
-        filler = mine[0][0][:1] if mine else [0]
-        return mine + [(filler, False)] * (max(map(len, plans)) - len(mine))
+                lam = algo.lambda_policy
+            advantages, _ = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, lam)
+            _, returns = skip_observation_gae(
+                b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
+            )
+            _, vm = value_loss(values, returns, mask, tensors=True)  # before the updates
+            m.set("value/explained_variance", vm["value/explained_variance"])
+            m.set("value/mean", vm["value/mean"])
+            # 3. K critic updates on the same batch (paper 3.2: a faster critic than policy).
+            for _ in range(cfg.critic.updates_per_step):
+                loss, norm = self._update_critic(b, micro, values, returns)
+            m.add("loss/value", loss)  # the last of the K updates
+            m.set("critic/grad_norm", norm)
+            warmup = self.steps < cfg.critic.warmup_steps
+        elif algo.advantage == "group":
+            # GRPO: the group-normalised outcome, the same on every action token of a row.
+            seq_adv = group_normalized_advantages(b.scores, b.group_ids).to(mask.dtype)
+            advantages = seq_adv[:, None] * mask
+        elif algo.advantage == "running_mean":
+            pairs = zip(b.prompt_keys, b.scores.tolist(), strict=True)
+            seq_adv = torch.tensor([self.baseline.advantage(k, r) for k, r in pairs],
+                                   dtype=mask.dtype, device=mask.device)  # fmt: skip
+            advantages = seq_adv[:, None] * mask
+        else:
+            raise ValueError(f"algorithm.advantage: unknown estimator {algo.advantage!r}")
+        m.set("advantage/mean", (advantages * mask).sum() / mask.sum().clamp(min=1))
+        # 4. The policy update, unless the critic is still warming up.
+        policy_metrics: dict[str, Any] = {}
+        if not warmup:
+            policy_metrics = self._update_policy(b, micro, advantages, m)
+        metrics: dict[str, Any] = {**self.sharding.floats(m), **policy_metrics}
+        metrics["learner/warmup"] = float(warmup)
+        if warmup:
+            # No policy update yet: the policy keys are logged as null so every row of
+            # metrics.jsonl has the same columns.
+            metrics.update({"loss/policy": None, "dis/masked_frac": None})
+            metrics.update({"mismatch/k3": None, "mismatch/max_abs_logprob_diff": None})
+        else:
+            self._finish_mismatch(metrics)
+        self.steps += 1
+        self._check_nonfinite(skipped_before)
+        metrics["learner/version"] = self.version
+        metrics["learner/skipped_steps"] = self.skipped_steps
+        return metrics
 
-    def _rows_forward(self, b: Batch, fn: Any) -> torch.Tensor:
-        """`fn(micro_batch) -> (n, T)` over this rank's rows, gathered to `(B, T)` under FSDP."""
-        lo, hi = rank_bounds(b.size, self.rank, self.world)
-        local = torch.zeros_like(b.rewards[lo:hi])
-        for rows, live in self._micro_batches(b):
-            out = fn(b.select(rows))
-            if live:  # packed micro-batches need not be contiguous: put rows back in place
-                local[torch.tensor(rows) - lo] = out
-        return gather_rows(local, b.size) if self.fsdp else local
+    def _plan(self, lengths: list[int]) -> list[list[int]]:
+        """Micro-batches of rows with these lengths: by token budget, or by row count."""
+        lc = self.cfg.learner
+        if lc.micro_batch_tokens:
+            return plan_token_micro_batches(lengths, lc.micro_batch_tokens)
+        n, k = len(lengths), lc.micro_batch_size
+        return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+
+    def _micro_batches(self, b: Batch) -> list[MicroBatch]:
+        return self.sharding.micro_batches(b.attention_mask.sum(-1).tolist(), self._plan)
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        packed = self.cfg.learner.micro_batch_tokens > 0
+        return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
 
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
         cfg = self.cfg
@@ -250,75 +209,132 @@ class Learner:
             packed=cfg.learner.micro_batch_tokens > 0,
         )  # fmt: skip
 
-    def _values(self, mb: Batch) -> torch.Tensor:
-        packed = self.cfg.learner.micro_batch_tokens > 0
-        return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
+    def _optimizer_step(
+        self, params: list[nn.Parameter], opt: torch.optim.Optimizer, clip: float
+    ) -> tuple[torch.Tensor, bool]:
+        """Clip and step unless the gradient is not finite; `(norm before clipping, stepped)`.
 
-    def _finish_metrics(
-        self, sums: dict[str, torch.Tensor], mins: dict[str, float], maxs: dict[str, float]
-    ) -> dict[str, float]:
-        """Per-step metrics to python floats, reduced over ranks under FSDP: one sync."""
-        if self.fsdp:
-            return reduce_metrics(sums, mins, maxs, self.device)
-        out: dict[str, float] = {**mins, **maxs}
-        if sums:
-            keys = list(sums)
-            dev = self.device
-            vals = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64, device=dev)
-                                for k in keys])  # fmt: skip
-            out.update(zip(keys, vals.tolist(), strict=True))
-        return out
-
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """The policy weights to push to the engines (detached, on the learner's device).
-
-        Under FSDP the full weights are gathered (all ranks must call it) onto rank 0's CPU;
-        the other ranks get `{}`.
+        The one device sync per optimizer step: whether to step depends on the norm.
         """
-        if self.fsdp:
-            return full_state(self.policy)
-        return {k: v.detach() for k, v in self.policy.state_dict().items()}
+        norm = self.sharding.grad_norm(params, clip)
+        ok = bool(torch.isfinite(norm))
+        if ok:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        self.skipped_steps += int(not ok)
+        return norm, ok
 
-    def step(self, batch: Batch) -> dict[str, Any]:
-        """One learner step on a batch; the algorithm is chosen by `algorithm.name`."""
-        cfg, name = self.cfg, self.cfg.algorithm.name
-        skipped_before = self.skipped_steps
-        b = batch.to(self.device)
-        mask = b.action_mask
-        metrics: dict[str, Any] = {}
-        warmup = False
-        if name in ("sao", "vapo"):
-            advantages, critic_metrics = self._critic_phase(b)
-            metrics.update(critic_metrics)
-            warmup = self.steps < cfg.critic.warmup_steps
-        elif name in ("grpo", "grpo_dis"):
-            # Group-normalised outcome advantage, the same on every action token of a row.
-            seq_adv = group_normalized_advantages(b.scores, b.group_ids).to(mask.dtype)
-            advantages = seq_adv[:, None] * mask
-        elif name == "running_mean":
-            seq_adv = torch.tensor(
-                [self.baseline.advantage(k, r) for k, r in zip(b.prompt_keys, b.scores.tolist(),
-                                                                strict=True)],
-                dtype=mask.dtype, device=mask.device,
+    def _update_critic(
+        self, b: Batch, micro: list[MicroBatch], old_values: torch.Tensor, returns: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One critic optimizer step on the value loss; `(this rank's loss, grad norm)`."""
+        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
+        self.critic.train()
+        total = torch.zeros((), device=self.device)
+        for mb in micro:
+            x = b.select(mb.rows)
+            loss, _ = value_loss(
+                self._values(x), returns[mb.rows], x.action_mask,
+                old_values=old_values[mb.rows] if cc.value_clip else None,
+                clip=cc.value_clip, agg=agg, tensors=True,
             )  # fmt: skip
-            advantages = seq_adv[:, None] * mask
+            w = _share(x.action_mask, b.action_mask, agg) * mb.weight
+            (loss * w).backward()
+            total = total + loss.detach() * w
+        norm, _ = self._optimizer_step(self.critic_params, self.critic_opt, cc.grad_clip)
+        return total, norm
+
+    def _update_policy(
+        self, b: Batch, micro: list[MicroBatch], advantages: torch.Tensor, m: StepMetrics
+    ) -> dict[str, float]:
+        """`algorithm.minibatches` policy optimizer steps, one per mini-batch of rows.
+
+        Each token's ratio is taken against a reference: for DIS the log-probs the engine
+        recorded when it sampled the token; for PPO clip the old policy, i.e. these weights at
+        the start of the step, recomputed here (docs/design.md section 1).
+        """
+        algo = self.cfg.algorithm
+        if algo.policy_loss == "ppo_clip":
+            self.policy.eval()
+            with torch.no_grad():
+                reference = self.sharding.map_rows(b, micro, self._logprobs)
         else:
-            raise ValueError(f"algorithm.name: unknown algorithm {name!r}")
-        metrics["advantage/mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
-        metrics["learner/warmup"] = float(warmup)
-        if warmup:
-            # No policy update yet: the policy keys are logged as null so every row of
-            # metrics.jsonl has the same columns.
-            metrics.update({"loss/policy": None, "dis/masked_frac": None, "mismatch/k3": None,
-                            "mismatch/max_abs_logprob_diff": None})  # fmt: skip
+            reference = b.rollout_logprobs
+        self.policy.train()
+        n_mb = algo.minibatches
+        bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
+        last: dict[str, float] = {}
+        for lo, hi in itertools.pairwise(bounds):
+            part = b.select(slice(lo, hi))
+            for mb in self._micro_batches(part):
+                adv, ref = advantages[lo:hi][mb.rows], reference[lo:hi][mb.rows]
+                self._policy_micro_step(part, mb, adv, ref, 1.0 / n_mb, m)
+            last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
+            norm, ok = self._optimizer_step(
+                self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
+            )
+            if ok:
+                self.version += 1
+                self.policy_sched.step()
+            m.set("policy/grad_norm", norm)
+        return last
+
+    def _policy_micro_step(
+        self, part: Batch, mb: MicroBatch, advantages: torch.Tensor, reference: torch.Tensor,
+        scale: float, m: StepMetrics,
+    ) -> None:  # fmt: skip
+        """Forward and backward of the policy loss on micro-batch `mb` of mini-batch `part`,
+        weighted by its share of `part`; metrics weighted by that share times `scale`."""
+        algo = self.cfg.algorithm
+        x = part.select(mb.rows)
+        mask = x.action_mask
+        w = _share(mask, part.action_mask, algo.loss_agg) * mb.weight
+        logprobs, entropy = self._logprobs(x, return_entropy=True)
+        if algo.policy_loss == "dis":
+            loss, pm = dis_policy_loss(
+                logprobs, reference, advantages, mask, eps_low=algo.eps_low,
+                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True,
+            )  # fmt: skip
+        elif algo.policy_loss == "ppo_clip":
+            loss, pm = ppo_clip_policy_loss(
+                logprobs, reference, advantages, mask, eps_low=algo.clip_eps_low,
+                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True,
+            )  # fmt: skip
         else:
-            ppo = name in ("grpo", "vapo")
-            metrics.update(self._policy_step(b, advantages, ppo=ppo))
-        self.steps += 1
-        self._check_nonfinite(skipped_before)
-        metrics["learner/version"] = self.version
-        metrics["learner/skipped_steps"] = self.skipped_steps
-        return metrics
+            raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
+        # Aggregated like the loss, so that weighting by the share sums to the batch value.
+        ent = masked_aggregate(entropy, mask, algo.loss_agg)
+        if algo.entropy_coef:
+            loss = loss - algo.entropy_coef * ent
+        if algo.kl_coef:  # optional penalty: k3 estimate of KL(current || rollout)
+            loss = loss + algo.kl_coef * masked_aggregate(
+                k3(x.rollout_logprobs - logprobs), mask, algo.loss_agg
+            )
+        (loss * w).backward()
+        pm["policy/entropy"] = ent.detach()
+        for key, value in pm.items():
+            # A filler pass (weight 0) reruns a row of this batch: harmless for min and max.
+            if key == "dis/ratio_min":
+                m.low(key, value)
+            elif key == "dis/ratio_max":
+                m.high(key, value)
+            else:
+                m.add(key, value * w, scale)
+        # Engine/learner log-prob agreement, which DIS relies on, on the tokens the policy held
+        # here sampled (older ones would measure staleness); finished by `_finish_mismatch`.
+        current = mask.bool() & (x.versions == self.version)
+        mm = logprob_mismatch(logprobs.detach(), x.rollout_logprobs, current, tensors=True)
+        n = mm["mismatch/tokens"] * mb.weight
+        m.add("mismatch/tokens", n)
+        m.add("mismatch/k3_sum", mm["mismatch/k3"] * n)
+        m.high("mismatch/max_abs_logprob_diff", mm["mismatch/max_abs_logprob_diff"])
+
+    @staticmethod
+    def _finish_mismatch(metrics: dict[str, Any]) -> None:
+        n, k3_sum = metrics["mismatch/tokens"], metrics.pop("mismatch/k3_sum")
+        metrics["mismatch/k3"] = k3_sum / n if n else None  # null when no token was on-policy
+        if not n:
+            metrics["mismatch/max_abs_logprob_diff"] = None
 
     def _check_nonfinite(self, skipped_before: int) -> None:
         """Count learner steps in a row that skipped an update; stop after too many.
@@ -340,149 +356,128 @@ class Learner:
                 f"NaN, or raise learner.max_nonfinite_in_a_row (now {limit})"
             )
 
-    def _critic_phase(self, b: Batch) -> tuple[torch.Tensor, dict[str, Any]]:
-        """Values before any update, GAE advantages and returns, then K critic updates."""
-        cfg, algo = self.cfg, self.cfg.algorithm
-        mask = b.action_mask
-        # Advantages may also run over observation tokens when skipping is switched off
-        # (an ablation); the losses always cover action tokens only.
-        gae_mask = mask if algo.skip_observations else b.completion_mask
+    def fit_critic(self, batch: Batch) -> dict[str, float]:
+        """Steps 1-3 of `step` alone (value pre-training): the policy and counters stay."""
+        algo = self.cfg.algorithm
+        b = batch.to(self.device)
+        micro = self._micro_batches(b)
+        gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
         self.critic.eval()
         with torch.no_grad():
-            old_values = self._rows_forward(b, self._values) * gae_mask
-        if algo.lambda_mode == "adaptive":
-            lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
-        else:
-            lam = algo.lambda_policy
-        advantages, _ = skip_observation_gae(b.rewards, old_values, gae_mask, algo.gamma, lam)
+            values = self.sharding.map_rows(b, micro, self._values) * gae_mask
         _, returns = skip_observation_gae(
-            b.rewards, old_values, gae_mask, algo.gamma, algo.lambda_critic
+            b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
         )
-        with torch.no_grad():
-            _, vm = value_loss(old_values, returns, mask)
-        metrics: dict[str, Any] = {
-            "value/explained_variance": vm["value/explained_variance"],
-            "value/mean": vm["value/mean"],
-        }
-        # K critic updates on the same batch (paper 3.2: faster critic than policy).
-        self.critic.train()
-        micro = self._micro_batches(b)
-        for _ in range(cfg.critic.updates_per_step):
-            total = torch.zeros((), device=self.device)
-            for rows, live in micro:
-                mb = b.select(rows)
-                values = self._values(mb)
-                loss, _ = value_loss(
-                    values,
-                    returns[rows],
-                    mb.action_mask,
-                    old_values=old_values[rows] if cfg.critic.value_clip else None,
-                    clip=cfg.critic.value_clip,
-                    agg=algo.loss_agg,
-                )
-                w = _share(mb.action_mask, mask, algo.loss_agg) * live
-                (loss * w).backward()
-                total = total + loss.detach() * w
-            norm, ok = _grad_norm_and_step(
-                self.critic_params, self.critic_opt, cfg.critic.grad_clip
-            )
-            self.skipped_steps += int(not ok)
-        metrics.update(self._finish_metrics({"loss/value": total}, {}, {}))
-        metrics["critic/grad_norm"] = norm
-        return advantages, metrics
+        for _ in range(self.cfg.critic.updates_per_step):
+            loss, _ = self._update_critic(b, micro, values, returns)
+        m = StepMetrics()
+        m.add("loss/value", loss)
+        return self.sharding.floats(m)
 
-    def _policy_step(self, b: Batch, advantages: torch.Tensor, ppo: bool) -> dict[str, Any]:
-        """`algorithm.minibatches` policy optimizer steps, one per mini-batch of rows.
+    # -- weights and state ---------------------------------------------------------------------
+    def policy_state(self) -> dict[str, torch.Tensor]:
+        """The policy weights to push to the engines (detached; on this learner's device in one
+        process, gathered onto rank 0's CPU when sharded, `{}` on the other ranks)."""
+        return self.sharding.full_state(self.policy)
 
-        DIS weighs tokens against the rollout engine's log-probs; PPO (grpo, vapo) clips the
-        ratio to the old policy, the trainer's weights at the start of this step, recomputed
-        here (DESIGN.md section 1).
+    def reset_critic_from_policy(self) -> None:
+        """Critic <- the current policy's backbone and a zero value head; a fresh optimizer.
+
+        Called after a supervised warm-up, so that the critic starts from the policy it will
+        judge (docs/design.md section 1); frozen parameters stay frozen.
         """
-        cfg, algo = self.cfg, self.cfg.algorithm
-        old_logprobs = None
-        if ppo:
-            with torch.no_grad():
-                self.policy.eval()
-                old_logprobs = self._rows_forward(b, self._logprobs)
-        self.policy.train()
-        n_mb = algo.minibatches
-        bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
-        sums: dict[str, torch.Tensor] = {}
-        mins: dict[str, float] = {}
-        maxs: dict[str, float] = {}
-        last: dict[str, float] = {}
-        for lo, hi in itertools.pairwise(bounds):
-            part = b.select(slice(lo, hi))
-            part_adv = advantages[lo:hi]
-            part_old = old_logprobs[lo:hi] if old_logprobs is not None else None
-            self._accumulate_policy_grad(part, part_adv, part_old, (sums, mins, maxs), 1.0 / n_mb)
-            norm, ok = _grad_norm_and_step(
-                self.policy_params, self.policy_opt, cfg.learner.grad_clip
-            )
-            self.skipped_steps += int(not ok)
-            last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
-            if ok:
-                self.version += 1
-                self.policy_sched.step()
-            last["policy/grad_norm"] = norm
-        out = {**self._finish_metrics(sums, mins, maxs), **last}
-        n, k3_sum = out["mismatch/tokens"], out.pop("mismatch/k3_sum")
-        out["mismatch/k3"] = k3_sum / n if n else None  # null when no token was on-policy
-        if not n:
-            out["mismatch/max_abs_logprob_diff"] = None
-        return out
+        prefix = self.policy.base_model_prefix + "."
+        policy = self.sharding.full_state(self.policy, everywhere=True)
+        state = {"backbone." + k[len(prefix) :]: v for k, v in policy.items()
+                 if k.startswith(prefix)}  # fmt: skip
+        dtype = next(iter(state.values())).dtype
+        head = self.critic.value_head
+        state["value_head.weight"] = torch.zeros(head.weight.shape, dtype=dtype)
+        state["value_head.bias"] = torch.zeros(head.bias.shape, dtype=dtype)
+        self.sharding.load_state(self.critic, state)
+        self._new_critic_optimizer()
 
-    def _accumulate_policy_grad(
-        self,
-        b: Batch,
-        advantages: torch.Tensor,
-        old_logprobs: torch.Tensor | None,
-        acc: tuple[dict[str, torch.Tensor], dict[str, float], dict[str, float]],
-        scale: float,
-    ) -> None:
-        algo = self.cfg.algorithm
-        sums, mins, maxs = acc
-        mask = b.action_mask
-        for rows, live in self._micro_batches(b):
-            mb = b.select(rows)
-            logprobs, entropy = self._logprobs(mb, return_entropy=True)
-            if old_logprobs is None:
-                loss, pm = dis_policy_loss(
-                    logprobs, mb.rollout_logprobs, advantages[rows], mb.action_mask,
-                    eps_low=algo.eps_low, eps_high=algo.eps_high, agg=algo.loss_agg,
-                )  # fmt: skip
-            else:
-                loss, pm = ppo_clip_policy_loss(
-                    logprobs, old_logprobs[rows], advantages[rows], mb.action_mask,
-                    eps_low=algo.clip_eps_low, eps_high=algo.clip_eps_high, agg=algo.loss_agg,
-                )  # fmt: skip
-            # Aggregated like the loss, so that weighting by the share sums to the batch value.
-            ent = masked_aggregate(entropy, mb.action_mask, algo.loss_agg)
-            if algo.entropy_coef:
-                loss = loss - algo.entropy_coef * ent
-            if algo.kl_coef:
-                # k3 estimate of KL(current || rollout) on action tokens, as an optional penalty.
-                d = mb.rollout_logprobs - logprobs
-                k3 = masked_aggregate(d.exp() - 1 - d, mb.action_mask, algo.loss_agg)
-                loss = loss + algo.kl_coef * k3
-            w = _share(mb.action_mask, mask, algo.loss_agg) * live
-            (loss * w).backward()
-            pm["policy/entropy"] = ent.detach()
-            for k, v in pm.items():
-                # Min/max metrics combine by min/max, everything else by the batch share. A
-                # filler pass (live=False) reruns a row of this batch: harmless for min/max.
-                if k.endswith("_min"):
-                    mins[k] = min(mins.get(k, math.inf), v)
-                elif k.endswith("_max"):
-                    maxs[k] = max(maxs.get(k, -math.inf), v)
-                else:
-                    sums[k] = sums.get(k, 0.0) + v * w * scale
-            # Engine/learner log-prob agreement, which DIS relies on, on the tokens the policy
-            # held here sampled (older ones would measure staleness); finished in _policy_step.
-            cur = mb.action_mask.bool() & (mb.versions == self.version) & bool(live)
-            mm = logprob_mismatch(logprobs.detach(), mb.rollout_logprobs, cur)
-            n = mm["mismatch/tokens"]
-            sums["mismatch/tokens"] = sums.get("mismatch/tokens", 0.0) + n
-            sums["mismatch/k3_sum"] = sums.get("mismatch/k3_sum", 0.0) + mm["mismatch/k3"] * n
-            key = "mismatch/max_abs_logprob_diff"
-            maxs[key] = max(maxs.get(key, 0.0), mm[key])
+    def state_dict(self) -> dict[str, Any]:
+        """Weights, optimizers, scheduler and counters for a checkpoint (`load_state` inverse).
+
+        When sharded this gathers the full states (all ranks must call it); rank 0 gets them on
+        CPU, the other ranks get empty weight and optimizer dicts.
+        """
+        sh = self.sharding
+        return {
+            "step": self.steps,
+            "version": self.version,
+            "policy": sh.full_state(self.policy),
+            "critic": sh.full_state(self.critic),
+            "policy_opt": sh.optimizer_state(self.policy, self.policy_opt),
+            "critic_opt": sh.optimizer_state(self.critic, self.critic_opt),
+            "policy_sched": self.policy_sched.state_dict(),
+            "skipped_steps": self.skipped_steps,
+            "baseline": self.baseline.state_dict(),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Restore weights, optimizers and counters from a checkpoint dict.
+
+        When sharded every rank calls it; only rank 0's weight and optimizer entries are read
+        (they are broadcast), the counters must be given on every rank.
+        """
+        sh = self.sharding
+        try:
+            sh.load_state(self.policy, state.get("policy", {}), self.policy_opt,
+                          state.get("policy_opt"))  # fmt: skip
+            sh.load_state(self.critic, state.get("critic", {}), self.critic_opt,
+                          state.get("critic_opt"))  # fmt: skip
+        except (KeyError, RuntimeError, ValueError) as e:
+            raise ConfigError(
+                f"the checkpoint does not fit this run's model/learner config "
+                f"({type(e).__name__}: {str(e)[:300]}); resume with the run's own config.toml"
+            ) from e
+        if "policy_sched" in state:
+            self.policy_sched.load_state_dict(state["policy_sched"])
+        self.steps = state["step"]
+        self.version = state["version"]
+        self.skipped_steps = state.get("skipped_steps", 0)
+        if "baseline" in state:
+            self.baseline.load_state_dict(state["baseline"])
+
+    # -- what the training loop asks of a learner (`saorl.interfaces.Learner`) -----------------
+    def warm_up(self, spec: EnvSpec, tokenizer: Any, progress: TrainProgress | None) -> None:
+        """Supervised warm-up of the policy, then a critic initialised from it."""
+        supervised_warmup(self.policy, tokenizer, spec, self.cfg, progress)
+        self.reset_critic_from_policy()
+
+    def load_critic(self, path: str) -> None:
+        """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""
+        if not Path(path).is_file():
+            raise ConfigError(
+                f"critic.init_from: no file {path!r} (write one with saorl value-pretrain)"
+            )
+        state = load_state_file(path)
+        try:
+            self.critic.load_state_dict(state["critic"])
+        except (KeyError, RuntimeError) as e:
+            raise ConfigError(f"critic.init_from: {path} does not fit this model: {e}") from e
+
+    def evaluate(self, spec: EnvSpec, tokenizer: Any) -> dict[str, float]:
+        """Held-out metrics of the current policy (`saorl.evaluation.evaluate_policy`)."""
+        # A fixed seed: every evaluation draws the same random numbers, so curves compare.
+        seed = self.cfg.run.seed + 12345
+        return evaluate_policy(self.policy, tokenizer, spec, self.cfg, seed=seed)
+
+    def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> None:
+        """A checkpoint of this learner (and this process's RNG) with the rollout side's state."""
+        state = {**self.state_dict(), "torch_rng": torch.get_rng_state(), **rollout_state}
+        save_checkpoint(run_dir, self.steps, state)
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint written by `save`."""
+        self.load_state(state)
+        torch.set_rng_state(state["torch_rng"])
+
+    def export(self, tokenizer: Any, path: Path) -> None:
+        """The policy in Hugging Face format (what `model.name_or_path` loads)."""
+        save_pretrained(self.policy, tokenizer, path)
+
+    def close(self) -> None:
+        """Nothing to release in one process."""

@@ -4,6 +4,8 @@ Every loss takes ``(B, T)`` tensors and a ``(B, T)`` ``mask`` that is nonzero on
 (model-generated) tokens; bool and float masks are both accepted and any nonzero entry counts as
 an action token. Each returns ``(loss, metrics)``: a scalar tensor attached to the autograd graph
 and a flat dict of python floats with namespaced keys (``loss/policy``, ``dis/masked_frac``, ...).
+With ``tensors=True`` the metrics stay 0-dim detached tensors and nothing waits for the device:
+the learner adds them up over micro-batches and converts them once per step.
 
 Masked-out positions may hold anything (padding garbage, ``-inf`` log-probs, ``NaN`` values):
 inputs are zeroed there *before* any arithmetic, so they reach neither the loss nor a gradient.
@@ -16,6 +18,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor
+
+Metrics = dict[str, float] | dict[str, Tensor]
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean")
@@ -42,7 +46,7 @@ def masked_aggregate(per_token: Tensor, mask: Tensor, agg: Aggregation = "token_
     - ``token_mean``: ``sum_{b,t} m_bt * x_bt / sum_{b,t} m_bt``, one mean over every action
       token of the batch. Tokens that a loss zeroes (e.g. DIS out-of-band tokens) are still
       action tokens, so they stay in the denominator: masking shrinks a step, it never rescales
-      the rest (DESIGN section 1).
+      the rest (docs/design.md section 1).
     - ``seq_mean_token_mean``: ``mean_{b: n_b > 0} (sum_t m_bt * x_bt / n_b)`` with
       ``n_b = sum_t m_bt``; rows without any action token are left out of the outer mean.
 
@@ -70,35 +74,44 @@ def masked_aggregate(per_token: Tensor, mask: Tensor, agg: Aggregation = "token_
     raise ValueError(f"unknown agg {agg!r}; allowed values: {', '.join(AGGREGATIONS)}")
 
 
-@torch.no_grad()
-def _masked_stats(x: Tensor, m: Tensor) -> tuple[float, float, float]:
-    """Mean, min and max of ``x`` over ``m``; all 0.0 when ``m`` is empty."""
-    if not bool(m.any()):
-        return 0.0, 0.0, 0.0
-    vals = x[m].double()
-    return float(vals.mean()), float(vals.min()), float(vals.max())
+def k3(log_ratio: Tensor) -> Tensor:
+    """Per-token k3 estimate of ``KL(q || p)`` from tokens sampled by ``q``.
 
-
-@torch.no_grad()
-def _frac(selected: Tensor, m: Tensor) -> float:
-    """Fraction of action tokens (``m``) where ``selected`` holds; 0.0 with no action tokens."""
-    n = int(m.sum())
-    return float((selected & m).sum()) / n if n > 0 else 0.0
-
-
-@torch.no_grad()
-def _kl_k3(log_ratio: Tensor, m: Tensor) -> float:
-    """k3 estimate of ``KL(sampler || current)`` from tokens drawn by the sampler.
-
-    With ``log_ratio = logp_current - logp_sampler`` and ``rho = exp(log_ratio)``, the k3
-    estimator (Schulman, "Approximating KL divergence") is ``rho - 1 - log rho``: unbiased for
-    ``KL(sampler || current)`` because the tokens were sampled by the sampler, and never
-    negative. The mirrored form ``1/rho - 1 + log rho`` would need samples from the current
-    policy, which we do not have here.
+    With ``log_ratio = log p - log q`` and ``rho = exp(log_ratio)`` the estimator (Schulman,
+    "Approximating KL divergence") is ``rho - 1 - log rho``: unbiased for ``KL(q || p)``
+    because the tokens were sampled by ``q``, and never negative. The mirrored form
+    ``1/rho - 1 + log rho`` would need samples from ``p``. Differentiable; same shape as the
+    input.
     """
-    k3 = torch.expm1(log_ratio) - log_ratio
-    mean, _, _ = _masked_stats(k3, m)
-    return mean
+    return torch.expm1(log_ratio) - log_ratio
+
+
+@torch.no_grad()
+def _masked_stats(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean, min and max of ``x`` over ``m`` (float64, 0-dim); all 0 when ``m`` is empty."""
+    n = m.sum()
+    x = x.double()
+    zero = torch.zeros((), dtype=torch.float64, device=x.device)
+    mean = _zero_outside(x, m).sum() / n.clamp_min(1)
+    lo = torch.where(m, x, torch.full_like(x, torch.inf)).amin()
+    hi = torch.where(m, x, torch.full_like(x, -torch.inf)).amax()
+    return mean, torch.where(n > 0, lo, zero), torch.where(n > 0, hi, zero)
+
+
+@torch.no_grad()
+def _frac(selected: Tensor, m: Tensor) -> Tensor:
+    """Fraction of action tokens (``m``) where ``selected`` holds; 0 with no action tokens."""
+    return (selected & m).sum().double() / m.sum().clamp_min(1).double()
+
+
+def _out(metrics: dict[str, Tensor], tensors: bool) -> Metrics:
+    """The metrics as 0-dim tensors, or as python floats with one device sync for all."""
+    if tensors or not metrics:
+        return metrics
+    keys = list(metrics)
+    dev = metrics[keys[0]].device
+    vals = torch.stack([metrics[k].to(dev, torch.float64) for k in keys]).tolist()
+    return dict(zip(keys, vals, strict=True))
 
 
 def dis_policy_loss(
@@ -109,13 +122,15 @@ def dis_policy_loss(
     eps_low: float,
     eps_high: float,
     agg: Aggregation = "token_mean",
-) -> tuple[Tensor, dict[str, float]]:
+    *,
+    tensors: bool = False,
+) -> tuple[Tensor, Metrics]:
     """Direct double-sided importance sampling (DIS) policy loss, paper Eqs. 1-3.
 
     With ``r_t = exp(logp_t - rollout_logp_t)`` (ratio of the current policy to the policy that
     sampled token t, as the rollout engine recorded it)::
 
-        f(r) = r   if 1 - eps_low < r < 1 + eps_high   (strict, DESIGN section 1)
+        f(r) = r   if 1 - eps_low < r < 1 + eps_high   (strict, docs/design.md section 1)
                0   otherwise
         loss_t = -sg(f(r_t)) * A_t * logp_t
 
@@ -133,12 +148,13 @@ def dis_policy_loss(
         mask: ``(B, T)``, nonzero on action tokens.
         eps_low, eps_high: band half-widths (paper: 0.3/5.0 for math, 0.8/3.0 for coding).
         agg: see :func:`masked_aggregate`.
+        tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
 
     Returns:
         ``(loss, metrics)`` with metrics ``loss/policy``, ``dis/masked_frac``,
         ``dis/masked_frac_below`` (``r <= 1 - eps_low``), ``dis/masked_frac_above``
         (``r >= 1 + eps_high``), ``dis/ratio_mean``, ``dis/ratio_min``, ``dis/ratio_max`` and
-        ``dis/kl_k3`` (k3 estimate of ``KL(rollout || current)``, see ``_kl_k3``); fractions are
+        ``dis/kl_k3`` (k3 estimate of ``KL(rollout || current)``, see :func:`k3`); fractions are
         over action tokens and every metric is 0.0 when there are none.
     """
     _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs, advantages=advantages)
@@ -156,16 +172,16 @@ def dis_policy_loss(
     with torch.no_grad():
         ratio_mean, ratio_min, ratio_max = _masked_stats(ratio, m)
         metrics = {
-            "loss/policy": float(loss.detach()),
+            "loss/policy": loss.detach(),
             "dis/masked_frac": _frac(~in_band, m),
             "dis/masked_frac_below": _frac(below, m),
             "dis/masked_frac_above": _frac(above, m),
             "dis/ratio_mean": ratio_mean,
             "dis/ratio_min": ratio_min,
             "dis/ratio_max": ratio_max,
-            "dis/kl_k3": _kl_k3(log_ratio, m),
+            "dis/kl_k3": _masked_stats(k3(log_ratio), m)[0],
         }
-    return loss, metrics
+    return loss, _out(metrics, tensors)
 
 
 def ppo_clip_policy_loss(
@@ -176,7 +192,9 @@ def ppo_clip_policy_loss(
     eps_low: float,
     eps_high: float,
     agg: Aggregation = "token_mean",
-) -> tuple[Tensor, dict[str, float]]:
+    *,
+    tensors: bool = False,
+) -> tuple[Tensor, Metrics]:
     """PPO clipped surrogate with asymmetric ("clip-higher", DAPO) bounds.
 
     With ``r_t = exp(logp_t - old_logp_t)``::
@@ -194,6 +212,7 @@ def ppo_clip_policy_loss(
         mask: ``(B, T)``, nonzero on action tokens.
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``.
         agg: see :func:`masked_aggregate`.
+        tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
 
     Returns:
         ``(loss, metrics)`` with ``loss/policy``, ``ppo/clip_frac`` (fraction of action tokens
@@ -216,14 +235,14 @@ def ppo_clip_policy_loss(
         clip_active = clipped > unclipped
         ratio_mean, _, _ = _masked_stats(ratio, m)
         metrics = {
-            "loss/policy": float(loss.detach()),
+            "loss/policy": loss.detach(),
             "ppo/clip_frac": _frac(clip_active, m),
             "ppo/clip_frac_low": _frac(clip_active & (ratio < 1.0 - eps_low), m),
             "ppo/clip_frac_high": _frac(clip_active & (ratio > 1.0 + eps_high), m),
             "ppo/ratio_mean": ratio_mean,
-            "ppo/kl_k3": _kl_k3(log_ratio.detach(), m),
+            "ppo/kl_k3": _masked_stats(k3(log_ratio.detach()), m)[0],
         }
-    return loss, metrics
+    return loss, _out(metrics, tensors)
 
 
 def value_loss(
@@ -233,7 +252,9 @@ def value_loss(
     old_values: Tensor | None = None,
     clip: float | None = None,
     agg: Aggregation = "token_mean",
-) -> tuple[Tensor, dict[str, float]]:
+    *,
+    tensors: bool = False,
+) -> tuple[Tensor, Metrics]:
     """Critic regression loss, optionally PPO-style clipped to the old values.
 
     Unclipped: ``loss_t = 0.5 * (V_t - R_t)^2``. With ``old_values`` and ``clip``::
@@ -241,7 +262,7 @@ def value_loss(
         V_clip_t = V_old_t + clamp(V_t - V_old_t, -clip, clip)
         loss_t   = max(0.5 * (V_t - R_t)^2, 0.5 * (V_clip_t - R_t)^2)
 
-    aggregated over action tokens by :func:`masked_aggregate` (DESIGN section 1; the paper
+    aggregated over action tokens by :func:`masked_aggregate` (docs/design.md section 1; the paper
     trains the critic on the skip-observation GAE returns, no numbered equation). ``returns``
     and ``old_values`` are detached.
 
@@ -252,6 +273,7 @@ def value_loss(
         old_values: ``(B, T)`` predictions before this update; needed together with ``clip``.
         clip: clip half-width in value units; needed together with ``old_values``.
         agg: see :func:`masked_aggregate`.
+        tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
 
     Returns:
         ``(loss, metrics)`` with ``loss/value``, ``value/mean``, ``value/returns_mean``,
@@ -283,29 +305,32 @@ def value_loss(
         value_mean, _, _ = _masked_stats(v, m)
         returns_mean, _, _ = _masked_stats(ret, m)
         metrics = {
-            "loss/value": float(loss.detach()),
+            "loss/value": loss.detach(),
             "value/mean": value_mean,
             "value/returns_mean": returns_mean,
             "value/explained_variance": _explained_variance(v.detach(), ret, m),
         }
         if clip_active is not None:
             metrics["value/clip_frac"] = _frac(clip_active, m)
-    return loss, metrics
+    return loss, _out(metrics, tensors)
 
 
 @torch.no_grad()
-def _explained_variance(values: Tensor, returns: Tensor, m: Tensor) -> float:
-    if not bool(m.any()):
-        return 0.0
-    r = returns[m].double()
-    var_r = float(r.var(unbiased=False))
-    if var_r < 1e-12:
-        return 0.0
-    return 1.0 - float((r - values[m].double()).var(unbiased=False)) / var_r
+def _explained_variance(values: Tensor, returns: Tensor, m: Tensor) -> Tensor:
+    n = m.sum().clamp_min(1)
+    r, v = returns.double(), values.double()
+    var_r = _zero_outside((r - _zero_outside(r, m).sum() / n) ** 2, m).sum() / n
+    err = _zero_outside(r - v, m)
+    var_err = _zero_outside((err - err.sum() / n) ** 2, m).sum() / n
+    zero = torch.zeros((), dtype=torch.float64, device=r.device)
+    # No prediction can explain a constant target (or an empty one): 0 then.
+    return torch.where(var_r < 1e-12, zero, 1.0 - var_err / var_r.clamp_min(1e-12))
 
 
 @torch.no_grad()
-def logprob_mismatch(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
+def logprob_mismatch(
+    logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, *, tensors: bool = False
+) -> Metrics:
     """How far the engine's recorded log-probs are from the learner's, on the tokens in ``mask``.
 
     DIS weighs every token by ``r_t = exp(logp_t - rollout_logp_t)`` (paper Eq. 2), so any
@@ -314,7 +339,7 @@ def logprob_mismatch(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -
     over the ``n`` tokens of ``mask`` (meant to be those sampled by the policy the learner
     holds, so that ``d_t`` is pure mismatch)::
 
-        mismatch/k3                    = (1/n) * sum_t (exp(d_t) - 1 - d_t)
+        mismatch/k3                    = (1/n) * sum_t k3(d_t),  k3(d) = exp(d) - 1 - d
         mismatch/max_abs_logprob_diff  = max_t |d_t|
         mismatch/tokens                = n
 
@@ -326,15 +351,14 @@ def logprob_mismatch(logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor) -
         logprobs: ``(B, T)`` learner log-probs of the sampled tokens.
         rollout_logprobs: ``(B, T)`` the engine's recorded log-probs of the same tokens.
         mask: ``(B, T)``, nonzero on the tokens to compare.
+        tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
     """
     _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs)
     m = mask.bool()
-    n = int(m.sum())
-    if n == 0:
-        return {"mismatch/k3": 0.0, "mismatch/max_abs_logprob_diff": 0.0, "mismatch/tokens": 0.0}
-    d = (logprobs.float() - rollout_logprobs.float())[m]
-    return {
-        "mismatch/k3": float((d.exp() - 1 - d).mean()),
-        "mismatch/max_abs_logprob_diff": float(d.abs().max()),
-        "mismatch/tokens": float(n),
+    d = _zero_outside(logprobs.float() - rollout_logprobs.float(), m)
+    metrics = {
+        "mismatch/k3": _masked_stats(k3(d), m)[0],
+        "mismatch/max_abs_logprob_diff": _masked_stats(d.abs(), m)[2],
+        "mismatch/tokens": m.sum().double(),
     }
+    return _out(metrics, tensors)

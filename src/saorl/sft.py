@@ -7,11 +7,20 @@ mean negative log-likelihood of the answer tokens (and EOS), not of the prompt.
 
 from __future__ import annotations
 
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 
+from saorl.config import Config, ConfigError
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import encode_prompt
+
+if TYPE_CHECKING:
+    from saorl.envs.base import EnvSpec
+    from saorl.metrics import TrainProgress
 
 Segments = list[tuple[str, bool]]  # (text, trained?) pieces of one demonstration
 
@@ -72,3 +81,30 @@ def sft_step(
     torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     return float(loss.detach())
+
+
+def supervised_warmup(
+    policy: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
+) -> None:
+    """`learner.sft_steps` supervised steps of `policy` on the task's demonstrations."""
+    lc = cfg.learner
+    if spec.demo is None:
+        raise ConfigError(
+            f"learner.sft_steps={lc.sft_steps}: env {cfg.env.name!r} has no demonstrations for "
+            "a supervised warm-up; set learner.sft_steps=0 (start from a trained model)"
+        )
+    opt = torch.optim.AdamW(policy.parameters(), lr=lc.sft_lr)
+    # Cosine decay to 10% of sft_lr: the warm-up ends at a settled point, not mid-oscillation,
+    # so the accuracy RL starts from does not hinge on where the last noisy step landed.
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda i: 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / max(lc.sft_steps, 1)))
+    )
+    rng = random.Random(cfg.run.seed + 1)
+    bar = progress.phase("supervised warm-up", lc.sft_steps) if progress else None
+    for _ in range(lc.sft_steps):
+        problems = [spec.task.sample(rng) for _ in range(lc.sft_batch_size)]
+        demos = encode_segments(tokenizer, [spec.demo(p, rng) for p in problems])
+        sft_step(policy, opt, demos)
+        sched.step()
+        if bar:
+            bar.advance()

@@ -59,7 +59,7 @@ class Trajectory:
         return min(vs) if vs else -1
 
     def staleness(self, current_version: int) -> int:
-        """`current_version - min(token versions)`, as DESIGN.md section 2 defines it."""
+        """`current_version - min(token versions)`, as docs/design.md section 2 defines it."""
         return current_version - self.min_version
 
 
@@ -70,7 +70,7 @@ class Batch:
     Position t holds token t. `action_mask[b, t]` is 1 where token t was written by the policy;
     `rollout_logprobs[b, t]` is the sampling log-prob of token t (0 elsewhere); `versions[b, t]`
     the policy version that sampled it (-1 elsewhere). `rewards[b, t]` holds the scalar outcome
-    reward on the last action token of each row (DESIGN.md section 1).
+    reward on the last action token of each row (docs/design.md section 1).
     """
 
     input_ids: torch.Tensor  # long
@@ -128,7 +128,7 @@ class Batch:
                 action[b, p : p + n] = torch.tensor(t.loss_mask, dtype=torch.float)
                 logp[b, p : p + n] = torch.tensor(t.rollout_logprobs)
                 versions[b, p : p + n] = torch.tensor(t.versions)
-            # The outcome reward sits on the last action token (DESIGN.md section 1).
+            # The outcome reward sits on the last action token (docs/design.md section 1).
             act = [i for i, m in enumerate(t.loss_mask) if m]
             if act:
                 rewards[b, p + act[-1]] = t.reward

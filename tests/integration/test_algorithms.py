@@ -11,9 +11,10 @@ import string
 import pytest
 import torch
 
+from saorl.collector import BatchCollector
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.learner import Learner
-from saorl.loop import BatchCollector, train_from_config
+from saorl.loop import train_from_config
 from saorl.types import Batch, Trajectory
 from tests.conftest import tiny_config
 

@@ -7,17 +7,17 @@ joins it instead of starting its own and leaves it running.
 from __future__ import annotations
 
 import json
-import queue
 import random
 import sys
 
 import pytest
 import torch
 
+from saorl.checkpoint import load_state_file
+from saorl.collector import BatchCollector
 from saorl.envs.factory import build_env
-from saorl.loop import BatchCollector, train_from_config
-from saorl.rollout.worker import AgentLimits, PromptFeed
-from saorl.types import Trajectory
+from saorl.loop import train_from_config
+from saorl.rollout.worker import PromptFeed
 from tests.conftest import tiny_config
 from tests.integration.test_train_async import STOP_ON_MOST_CHARS
 
@@ -66,7 +66,7 @@ def test_async_training_with_ray_actors(tmp_path, local_ray):
         assert r["async/staleness_max"] <= 1
         assert r["perf/rollout_tokens_per_s"] > 0
     # The learner actor wrote the checkpoints: the policy moved, frozen attention did not.
-    first, last = (torch.load(p, weights_only=False) for p in
+    first, last = (load_state_file(p) for p in
                    sorted((run_dir / "checkpoints").glob("step_*.pt")))  # fmt: skip
     assert (first["step"], last["step"]) == (0, 3)
     # Gathered from FSDP2 shards: optimizer state keyed by parameter name, not by index.
@@ -80,19 +80,22 @@ def test_async_training_with_ray_actors(tmp_path, local_ray):
 
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory, local_ray):
-    """A learner actor and one rollout actor (object-store sync, and a broadcast group formed
-    as well, to test both pushes on the same actors); the last test kills them."""
-    from saorl.distributed.ray_driver import RayLearner
+    """A learner actor and a pool of one rollout actor (object-store sync, and a broadcast group
+    formed as well, to test both pushes on the same actors; synchronous mode, so that no pump
+    runs until a test starts one); the last test kills them."""
+    from saorl.distributed.ray_learner import RayLearner
+    from saorl.distributed.ray_pool import RayWorkerPool
 
-    cfg = _ray_config(tmp_path_factory.mktemp("placed"), "ray.weight_sync=object_store")
+    cfg = _ray_config(tmp_path_factory.mktemp("placed"), "ray.weight_sync=object_store",
+                      "run.concurrency=sync")  # fmt: skip
     learner = RayLearner(cfg)
+    pool = RayWorkerPool(cfg, learner.tokenizer, learner)
     spec = build_env(cfg.env)
     feed = PromptFeed(spec.task, random.Random(0), cfg.learner.batch_size, 1)
-    out: queue.Queue[Trajectory] = queue.Queue()
-    limits = AgentLimits(cfg.model.max_seq_len, cfg.rollout.max_new_tokens)
-    workers = learner.rollout_workers(feed, out, limits, seeds=[0])
-    learner._form_group()
-    yield cfg, learner, workers, feed, out
+    pool.start(spec, feed, None)
+    pool._form_group([w.actor for w in pool.workers])
+    yield cfg, learner, pool, feed
+    pool.close()
     learner.close()
 
 
@@ -104,11 +107,11 @@ def _perturb(learner):
 
 @pytest.mark.parametrize("via", ["object_store", "broadcast"])
 def test_weight_push_reaches_the_rollout_actor(placed, via):
-    _, learner, workers, _, _ = placed
-    actor = workers[0].actor
+    _, learner, pool, _ = placed
+    actor = pool.workers[0].actor
     before = ray.get(actor.engine_state.remote())
     learner.call(_perturb)
-    learner.push_via_broadcast() if via == "broadcast" else learner.push_via_object_store()
+    pool.push_via_broadcast() if via == "broadcast" else pool.push_via_object_store()
     got = ray.get(actor.engine_state.remote())
     want = ray.get(learner.actor.policy_state.remote())
     assert set(got) <= set(want)
@@ -118,8 +121,9 @@ def test_weight_push_reaches_the_rollout_actor(placed, via):
 
 
 def test_sync_mode_drives_the_actor_from_the_driver(placed):
-    cfg, _, workers, feed, out = placed
-    collector = BatchCollector(workers, feed, out, group_size=1, sync=True)
+    cfg, _, pool, feed = placed
+    workers = pool.workers
+    collector = BatchCollector(workers, feed, pool.out, group_size=1, sync=True)
     n = cfg.learner.batch_size
     batch, dropped, _, _ = collector.collect(0, n, 1)  # fill + one decoding step per call
     assert len(batch) == n and dropped == 0 and feed.admitted == n  # admission held
@@ -129,9 +133,10 @@ def test_sync_mode_drives_the_actor_from_the_driver(placed):
 
 
 def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
-    from saorl.distributed.ray_driver import ActorFailure
+    from saorl.distributed.ray_learner import ActorFailure
 
-    cfg, learner, workers, feed, out = placed
+    cfg, learner, pool, feed = placed
+    workers, out = pool.workers, pool.out
     n = cfg.learner.batch_size
     for w in workers:
         w.start()
@@ -143,9 +148,9 @@ def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
             collector.collect(0, n, 1)
     # The driver knows what the dead actor held: every admitted rollout not yet delivered.
     assert 0 < len(dead.in_flight()) <= feed.admitted
-    # With restarts allowed the loop's collector replaces it through `RayLearner.respawn`:
-    # a fresh actor with the learner's weights takes the dead one's tasks, and a batch forms.
-    collector.respawn, collector.max_restarts = learner.respawn, 1
+    # With restarts allowed the collector replaces it through `RayWorkerPool.respawn`: a fresh
+    # actor with the learner's weights takes the dead one's tasks, and a batch forms.
+    collector.respawn, collector.max_restarts = pool.respawn, 1
     batch, _, _, _ = collector.collect(0, n, 1)
     assert len(batch) == n and collector.restarts == 1
     assert workers[0] is not dead and workers[0].error is None
@@ -159,7 +164,7 @@ def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
 
 def test_missing_resources_are_a_config_error(tmp_path, local_ray):
     from saorl.config import ConfigError
-    from saorl.distributed.ray_driver import RayLearner
+    from saorl.distributed.ray_learner import RayLearner
 
     with pytest.raises(ConfigError, match=r"ray\.learner_num_gpus"):
         RayLearner(_ray_config(tmp_path, "ray.learner_num_gpus=1"))
@@ -172,7 +177,7 @@ def _gather_state(learner):
 
 
 def test_a_dead_learner_rank_is_reported(tmp_path, local_ray):
-    from saorl.distributed.ray_driver import ActorFailure, RayLearner
+    from saorl.distributed.ray_learner import ActorFailure, RayLearner
 
     cfg = _ray_config(tmp_path, "ray.learner_ranks=2", "learner.fsdp=true",
                       "ray.learner_num_cpus=0.5")  # fmt: skip

@@ -17,6 +17,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from saorl.distributed.fsdp import FSDPSharding
 from saorl.learner import Learner
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config
@@ -51,6 +52,11 @@ def _plain(cfg):  # the single-process learner for the same config
     return cfg.model_copy(update={"learner": cfg.learner.model_copy(update={"fsdp": False})})
 
 
+def _sharded(cfg, policy):  # the learner of this rank, sharded over both ranks
+    sharding = FSDPSharding(cfg.learner.mixed_precision, torch.device("cpu"))
+    return Learner(cfg, copy.deepcopy(policy), torch.device("cpu"), sharding)
+
+
 def main(out_path: str) -> None:
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
@@ -61,13 +67,13 @@ def main(out_path: str) -> None:
     results: dict[str, dict[str, float]] = {}
     for case, overrides in CASES.items():
         cfg = tiny_config(*COMMON, *overrides, "learner.fsdp=true")
-        sharded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
-        assert sharded.fsdp and sharded.world == 2
+        sharded = _sharded(cfg, policy)
+        assert sharded.sharding.world == 2
         m1 = sharded.step(batch)
         state1 = sharded.state_dict()  # collective: gathered onto rank 0
         m2 = sharded.step(batch)
         state2, pushed = sharded.state_dict(), sharded.policy_state()
-        reloaded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+        reloaded = _sharded(cfg, policy)
         reloaded.load_state(state1 if rank == 0 else {k: state1[k] for k in COUNTERS})
         m_reload, after_reload = reloaded.step(batch), reloaded.policy_state()
         if rank != 0:
@@ -94,13 +100,13 @@ def main(out_path: str) -> None:
         results[case] = r
     # Re-initialising the sharded critic from the policy (after a supervised warm-up).
     cfg = tiny_config(*COMMON, "learner.fsdp=true")
-    sharded = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+    sharded = _sharded(cfg, policy)
     sharded.step(batch)
     sharded.reset_critic_from_policy()
     critic_state, policy_state = sharded.state_dict()["critic"], sharded.policy_state()
     # bf16 compute (MixedPrecisionPolicy): runs, and its losses are close to float32's.
     bf16_cfg = tiny_config(*COMMON, "learner.fsdp=true", "learner.mixed_precision=bf16")
-    m_bf16 = Learner(bf16_cfg, copy.deepcopy(policy), torch.device("cpu")).step(batch)
+    m_bf16 = _sharded(bf16_cfg, policy).step(batch)
     if rank == 0:
         expect = {"backbone." + k[len("model.") :]: v for k, v in policy_state.items()
                   if k.startswith("model.")}  # fmt: skip

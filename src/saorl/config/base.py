@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -13,3 +15,8 @@ class _Section(BaseModel):
     model_config = ConfigDict(
         extra="forbid", validate_assignment=True, strict=True, allow_inf_nan=False
     )
+
+    def implied_fields(self) -> dict[str, Any]:
+        """Fields whose value follows from another field when they are left out of a file
+        (`config_to_toml` writes them only where they differ)."""
+        return {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -152,30 +152,54 @@ class RolloutConfig(_Section):
         return self
 
 
+# `algorithm.name` is a preset of the two choices an algorithm makes: (advantage, policy_loss).
+ALGORITHM_PRESETS: dict[str, tuple[str, str]] = {
+    "sao": ("gae", "dis"),
+    "grpo": ("group", "ppo_clip"),
+    "grpo_dis": ("group", "dis"),
+    "running_mean": ("running_mean", "dis"),
+    "vapo": ("gae", "ppo_clip"),
+}
+
+
 class AlgorithmConfig(_Section):
     """The RL objective: DIS band, GAE and optional regularisers (paper Eqs. 1-3)."""
 
     name: Literal["sao", "grpo", "grpo_dis", "running_mean", "vapo"] = Field(
         "sao",
-        description="'sao' = single rollout + DIS + critic (paper); baselines (paper section 2): "
-        "'grpo' = groups + PPO clip-higher vs the old policy, 'grpo_dis' = groups + DIS, "
-        "'running_mean' = single rollout + per-prompt mean baseline + DIS, 'vapo' = critic + "
-        "adaptive GAE + PPO clip, no DIS",
+        description="preset of advantage + policy_loss: 'sao' = gae + dis, single rollouts "
+        "(paper); baselines (paper section 2): 'grpo' = group + ppo_clip, 'grpo_dis' = group + "
+        "dis, 'running_mean' = running_mean + dis, 'vapo' = gae + ppo_clip; advantage or "
+        "policy_loss set explicitly win over the preset",
+    )
+    advantage: Literal["gae", "group", "running_mean"] = Field(
+        "gae",
+        description="advantage estimator, default from name: 'gae' = critic values + "
+        "skip-observation GAE (paper section 3); 'group' = (R - group mean) / (group std + "
+        "1e-6) over group_size rollouts per prompt (GRPO); 'running_mean' = R - mean of the "
+        "prompt's last baseline_window rewards",
+    )
+    policy_loss: Literal["dis", "ppo_clip"] = Field(
+        "dis",
+        description="policy loss, default from name: 'dis' = DIS on the ratio to the engine's "
+        "recorded log-probs, band eps_low/eps_high (paper Eqs. 1-3); 'ppo_clip' = PPO "
+        "clip-higher on the ratio to the old policy (recomputed by the learner), "
+        "clip_eps_low/clip_eps_high",
     )
     group_size: int = Field(
-        8, ge=2, description="rollouts per prompt for grpo/grpo_dis; paper: 16 prompts x 8"
+        8, ge=2, description="rollouts per prompt for advantage 'group'; paper: 16 prompts x 8"
     )
     clip_eps_low: float = Field(
-        0.2, gt=0, description="PPO clip-higher lower half-width (grpo, vapo); paper: 0.2"
+        0.2, gt=0, description="PPO clip-higher lower half-width (ppo_clip); paper: 0.2"
     )
     clip_eps_high: float = Field(
-        0.28, gt=0, description="PPO clip-higher upper half-width (grpo, vapo); paper: 0.28"
+        0.28, gt=0, description="PPO clip-higher upper half-width (ppo_clip); paper: 0.28"
     )
     minibatches: int = Field(
         1,
         ge=1,
-        description="policy optimizer steps per batch, one per mini-batch (grpo/vapo); "
-        "the old policy is the weights at the start of the batch",
+        description="policy optimizer steps per batch, one per mini-batch (grpo/vapo); with "
+        "ppo_clip the old policy is the weights at the start of the batch",
     )
     baseline_window: int = Field(
         8, ge=1, description="rewards per prompt in the running-mean baseline; paper: 8"
@@ -219,6 +243,21 @@ class AlgorithmConfig(_Section):
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        # Fills in advantage and policy_loss from the preset where the input leaves them out;
+        # an unknown name is left for the field's own error message.
+        name = data.get("name", "sao") if isinstance(data, dict) else None
+        if isinstance(name, str) and name in ALGORITHM_PRESETS:
+            advantage, policy_loss = ALGORITHM_PRESETS[name]
+            data = {"advantage": advantage, "policy_loss": policy_loss, **data}
+        return data
+
+    def implied_fields(self) -> dict[str, Any]:
+        advantage, policy_loss = ALGORITHM_PRESETS[self.name]
+        return {"advantage": advantage, "policy_loss": policy_loss}
 
 
 class CriticConfig(_Section):

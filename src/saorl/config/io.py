@@ -252,20 +252,25 @@ def _show(value: Any) -> str:
 def config_to_toml(cfg: Config, comments: bool = False) -> str:
     """Render `cfg` as TOML that `load_config` reads back to an equal config.
 
-    None values are omitted (None is every optional field's default). With `comments`, each key
-    is preceded by its description.
+    None values are omitted (None is every optional field's default). Fields a preset implies
+    (`algorithm.advantage` and `algorithm.policy_loss` from `algorithm.name`) are written only
+    where they differ from it, so a saved config then combined with an `algorithm.name`
+    override means what it says. With `comments`, each key is preceded by its description (and
+    an implied field is shown commented out).
     """
     lines: list[str] = []
     for section in type(cfg).model_fields:
         sub = getattr(cfg, section)
+        implied = sub.implied_fields()
         lines.append(f"[{section}]")
         for name, info in type(sub).model_fields.items():
             value = getattr(sub, name)
-            if value is None:
+            if value is None or (name in implied and implied[name] == value and not comments):
                 continue
             if comments:
                 lines.append(f"# {info.description}")
-            lines.append(f"{name} = {_toml_value(value)}")
+            commented = "# " if name in implied and implied[name] == value else ""
+            lines.append(f"{commented}{name} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 

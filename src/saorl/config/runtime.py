@@ -216,12 +216,12 @@ class Config(_Section):
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the context holds the "
                 "prompt and the generated tokens"
             )
-        groups = self.algorithm.name in ("grpo", "grpo_dis")
+        groups = self.algorithm.advantage == "group"
         if groups and self.learner.batch_size % self.algorithm.group_size:
             raise ValueError(
                 f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
                 f"algorithm.group_size ({self.algorithm.group_size}) for "
-                f"algorithm.name={self.algorithm.name!r}: batches hold whole groups"
+                "algorithm.advantage='group': batches hold whole groups"
             )
         if self.algorithm.minibatches > self.learner.batch_size:
             raise ValueError(

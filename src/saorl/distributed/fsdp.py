@@ -1,43 +1,110 @@
-"""FSDP2 for the learner: shard policy and critic, split the batch over ranks, gather states.
+"""FSDP2 for the learner: `FSDPSharding`, the learner's `Sharding` over a process group.
 
-The learner stays one class (`saorl.learner.Learner`); with `learner.fsdp = true` and an
-initialised `torch.distributed` process group it calls the helpers here:
+The learner stays one class (`saorl.learner.Learner`); given an `FSDPSharding` (by
+`saorl.distributed.torchrun.torchrun_learner`, under torchrun or in Ray learner actors) it
+shards policy and critic over the ranks of the initialised `torch.distributed` group:
 
-- `shard_module`: `fully_shard` on every decoder layer, then on the root module, with
+- `shard`: `fully_shard` on every decoder layer, then on the root module, with
   `MixedPrecisionPolicy` when `learner.mixed_precision = "bf16"`. Gradients are reduced by sum,
   not mean, because each rank's loss already carries its rows' share of the *global* batch (the
   whole batch reaches every rank, so the shares need no extra communication): the summed
   sharded gradient is the single-process full-batch gradient.
-- `rank_bounds`: rank r takes a contiguous block of the batch rows.
-- `gather_rows`: per-rank `(n_r, T)` results (critic values, old log-probs) back to `(B, T)`.
-- `reduce_metrics`: sums, minima and maxima over ranks, in one collective each.
-- `full_state` / `load_full_state`: full (unsharded) CPU state dicts for weight pushes and
-  checkpoints, via `torch.distributed.checkpoint.state_dict`.
-- `torchrun_learner`, `LeaderLearner`, `follow`: `torchrun ... -m saorl train learner.fsdp=true`
-  without Ray; rank 0 runs the loop and the other ranks mirror its learner calls.
+- `micro_batches`: rank r trains a contiguous block of rows (`rank_bounds`); a rank with fewer
+  micro-batches than another adds zero-weight filler passes, since every pass gathers
+  parameters collectively.
+- `map_rows`: per-rank `(n_r, T)` results (critic values, old log-probs) gathered to `(B, T)`.
+- `floats`: sums, minima and maxima reduced over ranks, one collective each.
+- `full_state` / `optimizer_state` / `load_state`: full (unsharded) CPU state dicts for weight
+  pushes and checkpoints, via `torch.distributed.checkpoint.state_dict`.
 
 Tested against the single-process learner in `tests/parity/` (2 gloo ranks under torchrun).
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from saorl.config import Config
+from saorl.sharding import MicroBatch, Plan, Sharding, StepMetrics, stacked_floats
+from saorl.types import Batch
 
 
-def fsdp_active(cfg: Config) -> bool:
-    """`learner.fsdp` is set and a process group is initialised (e.g. by torchrun)."""
-    return cfg.learner.fsdp and dist.is_available() and dist.is_initialized()
+class FSDPSharding(Sharding):
+    """Policy and critic sharded with FSDP2 over every rank of the default process group."""
 
+    def __init__(self, mixed_precision: str, device: torch.device) -> None:
+        self.mixed_precision, self.device = mixed_precision, device
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
-def rank_and_world(active: bool) -> tuple[int, int]:
-    return (dist.get_rank(), dist.get_world_size()) if active else (0, 1)
+    def shard(self, module: nn.Module) -> None:
+        shard_module(module, self.mixed_precision)
+
+    def micro_batches(self, lengths: list[int], plan: Plan) -> list[MicroBatch]:
+        # Every rank sees the whole batch, so each computes all ranks' plans and the ranks
+        # agree on the number of passes without communicating.
+        plans = []
+        for r in range(self.world):
+            lo, hi = rank_bounds(len(lengths), r, self.world)
+            plans.append([[lo + i for i in rows] for rows in plan(lengths[lo:hi])])
+        mine = [MicroBatch(rows) for rows in plans[self.rank]]
+        filler = mine[0].rows[:1] if mine else [0]
+        return mine + [MicroBatch(filler, weight=0.0)] * (max(map(len, plans)) - len(mine))
+
+    def map_rows(
+        self, batch: Batch, micro: list[MicroBatch], fn: Callable[[Batch], torch.Tensor]
+    ) -> torch.Tensor:
+        lo, hi = rank_bounds(batch.size, self.rank, self.world)
+        local = torch.zeros_like(batch.rewards[lo:hi])
+        for mb in micro:
+            out = fn(batch.select(mb.rows))
+            if mb.weight:  # a filler pass runs for the collectives only
+                local[torch.tensor(mb.rows) - lo] = out
+        return gather_rows(local, batch.size)
+
+    def grad_norm(self, params: list[nn.Parameter], clip: float) -> torch.Tensor:
+        from torch.distributed.tensor import DTensor
+
+        # The norm over sharded gradients is a DTensor: made whole (a collective) here.
+        norm = torch.nn.utils.clip_grad_norm_(params, clip)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def floats(self, m: StepMetrics) -> dict[str, float]:
+        """Sums, minima and maxima reduced over ranks (every rank holds the same keys: each
+        runs the same number of micro-batches); `set` values are every rank's already."""
+        # gloo reduces CPU tensors, nccl device tensors.
+        dev = torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+        out: dict[str, float] = {}
+        for d, op in ((m.sums, dist.ReduceOp.SUM), (m.mins, dist.ReduceOp.MIN),
+                      (m.maxs, dist.ReduceOp.MAX)):  # fmt: skip
+            if d:
+                keys = sorted(d)
+                t = torch.stack([d[k].to(dev, torch.float64) for k in keys])
+                dist.all_reduce(t, op=op)
+                out.update(zip(keys, t.tolist(), strict=True))
+        return {**out, **stacked_floats(m.values)}
+
+    def full_state(self, module: nn.Module, everywhere: bool = False) -> dict[str, Any]:
+        """The unsharded state dict on CPU: on rank 0 only (`{}` elsewhere), or on every rank."""
+        return full_state(module, everywhere)
+
+    def optimizer_state(self, module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        return full_optimizer_state(module, opt)
+
+    def load_state(
+        self,
+        module: nn.Module,
+        state: dict[str, Any],
+        opt: torch.optim.Optimizer | None = None,
+        opt_state: dict[str, Any] | None = None,
+    ) -> None:
+        """Rank 0's whole state (and optimizer state) broadcast into every rank's shards."""
+        if self.rank != 0:
+            state, opt_state = {}, None
+        load_full_state(module, state, opt, opt_state)
 
 
 def shard_module(module: nn.Module, mixed_precision: str) -> None:
@@ -77,40 +144,6 @@ def gather_rows(local: torch.Tensor, n: int) -> torch.Tensor:
     parts = [torch.empty_like(padded) for _ in range(world)]
     dist.all_gather(parts, padded.contiguous())
     return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, sizes, strict=True)])
-
-
-def reduce_metrics(
-    sums: dict[str, torch.Tensor], mins: dict[str, float], maxs: dict[str, float],
-    device: torch.device,
-) -> dict[str, float]:  # fmt: skip
-    """Sum `sums`, min `mins` and max `maxs` over ranks; python floats out (one sync each).
-
-    Every rank must hold the same keys (each rank runs the same number of micro-batches).
-    """
-    # gloo reduces CPU tensors, nccl device tensors.
-    dev = torch.device("cpu") if dist.get_backend() == "gloo" else device
-    out: dict[str, float] = {}
-    if sums:
-        keys = sorted(sums)
-        t = torch.stack([torch.as_tensor(sums[k], dtype=torch.float64).to(dev) for k in keys])
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-        out.update(zip(keys, t.tolist(), strict=True))
-    for d, op in ((mins, dist.ReduceOp.MIN), (maxs, dist.ReduceOp.MAX)):
-        if d:
-            keys = sorted(d)
-            t = torch.tensor([d[k] for k in keys], dtype=torch.float64, device=dev)
-            dist.all_reduce(t, op=op)
-            out.update(zip(keys, t.tolist(), strict=True))
-    return out
-
-
-def scalar(x: torch.Tensor) -> float:
-    """A (possibly DTensor) scalar as a python float; a DTensor is made whole first."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(x, DTensor):
-        x = x.full_tensor()
-    return float(x)
 
 
 def _options(broadcast: bool = False, cpu_offload: bool = True) -> Any:
@@ -165,125 +198,3 @@ def _copy_tree(x: Any, clone: bool = False, clone_scalars: bool = False) -> Any:
     if isinstance(x, torch.Tensor) and (clone or (clone_scalars and x.dim() == 0)):
         return x.detach().clone()
     return x
-
-
-# --- `torchrun ... saorl train learner.fsdp=true`: rank 0 leads, the other ranks follow. ---
-#
-# Rank 0 runs the whole loop (rollouts, evaluation, checkpoints) with a `LeaderLearner`; every
-# call that needs all ranks (a learner step, a state gather, a state load) is announced first
-# with `broadcast_object_list`, and the other ranks, in `follow`, make the same call. Rollouts
-# and evaluation use an unsharded replica of the policy on rank 0, refreshed from the gathered
-# weights whenever the policy version has moved.
-
-_COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")
-
-
-def _announce(command: str, payload: Any = None) -> Any:
-    msg = [command, payload]
-    dist.broadcast_object_list(msg, src=0)
-    return msg
-
-
-class LeaderLearner:
-    """Rank 0's learner under torchrun: a `Learner` whose collective calls the followers mirror.
-
-    Attribute reads (`steps`, `version`, `cfg`, ...) go to the wrapped learner; `policy` is a
-    full unsharded replica for the engines, evaluation, the supervised warm-up and the export.
-    """
-
-    def __init__(self, learner: Any, replica: nn.Module) -> None:
-        self._learner = learner
-        self._replica = replica
-        self._replica_version = learner.version
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._learner, name)
-
-    @property
-    def policy(self) -> nn.Module:
-        if self._replica_version != self._learner.version:
-            self.policy_state()
-        return self._replica
-
-    def step(self, batch: Any) -> dict[str, Any]:
-        _announce("step", batch)
-        return self._learner.step(batch)
-
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        _announce("policy_state")
-        state = self._learner.policy_state()
-        self._replica.load_state_dict(state)
-        self._replica_version = self._learner.version
-        return state
-
-    def state_dict(self) -> dict[str, Any]:
-        _announce("state_dict")
-        return self._learner.state_dict()
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        _announce("load_state", {k: state[k] for k in _COUNTERS if k in state})
-        self._learner.load_state(state)
-        self._replica.load_state_dict(state["policy"])
-        self._replica_version = self._learner.version
-
-    def reset_critic_from_policy(self) -> None:
-        """After a supervised warm-up of the replica: replica -> shards, then a fresh critic."""
-        _announce("reset_from_policy")
-        load_full_state(self._learner.policy, self._replica.state_dict())
-        self._learner.reset_critic_from_policy()
-        self._replica_version = self._learner.version
-
-    def close(self) -> None:
-        _announce("stop")
-        dist.destroy_process_group()
-
-
-def follow(learner: Any) -> None:
-    """A rank > 0: make the learner calls rank 0 announces, until it says stop."""
-    while True:
-        command, payload = _announce("", None)
-        if command == "step":
-            learner.step(payload)
-        elif command == "policy_state":
-            learner.policy_state()
-        elif command == "state_dict":
-            learner.state_dict()
-        elif command == "load_state":
-            learner.load_state(payload)
-        elif command == "reset_from_policy":
-            load_full_state(learner.policy, {})
-            learner.reset_critic_from_policy()
-        elif command == "stop":
-            dist.destroy_process_group()
-            return
-        else:
-            raise RuntimeError(f"FSDP follower: unknown command {command!r} from rank 0")
-
-
-def torchrun_learner(cfg: Config, policy: nn.Module, device: torch.device) -> LeaderLearner | None:
-    """Under torchrun with `learner.fsdp`: the sharded learner of this rank.
-
-    Rank 0 gets a `LeaderLearner` to run the loop with; every other rank follows rank 0's calls
-    here until the run ends and gets None. `policy` must be the same on every rank (the same
-    seed builds the same random-init or loaded weights).
-    """
-    import os
-
-    from saorl.config import ConfigError
-    from saorl.learner import Learner
-
-    if cfg.critic.init_from:
-        raise ConfigError("critic.init_from is not supported with learner.fsdp yet; unset one")
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
-    # Sharding rewrites `policy` in place: rank 0 keeps an unsharded copy for the rollout side.
-    replica = copy.deepcopy(policy) if dist.get_rank() == 0 else None
-    learner = Learner(cfg, policy, device)
-    if replica is None:
-        follow(learner)
-        return None
-    return LeaderLearner(learner, replica.to(device))

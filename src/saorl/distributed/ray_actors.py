@@ -1,15 +1,15 @@
 """The Ray actors of `saorl train --ray`: the learner and the rollout workers.
 
-- `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`) and runs
-  whatever needs the weights: supervised warm-up, evaluation, checkpoints, the final export. The
-  critic lives here rather than in an actor of its own: every step updates it from the same batch
-  right before the policy (values before its K updates give the advantages), so a separate actor
-  would add a batch transfer and a round trip per step and overlap nothing.
+- `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`, or the
+  torchrun leader of `saorl.distributed.torchrun` when several actors shard one learner) and
+  answers the methods of `saorl.interfaces.Learner`, each with the learner's counters; plus the
+  weight-push endpoints the rollout pool uses.
 - `RolloutActor` owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop +
   environments) that runs only tasks the driver admitted (its feed is a `_TaskInbox`).
 
-The driver talks to them through the proxies of `saorl.distributed.ray_driver`; neither class
-imports Ray, so both also run as plain objects.
+The driver talks to them through `saorl.distributed.ray_learner.RayLearner` and the worker
+proxies of `saorl.distributed.ray_pool`; neither class imports Ray, so both also run as plain
+objects.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from saorl.config import Config
@@ -43,7 +44,7 @@ class LearnerActor:
 
     With one rank it holds a plain `saorl.learner.Learner`. With `ray.learner_ranks` N > 1 the N
     actors form a `torch.distributed` group (`learner.fsdp`: FSDP2 over them) and run the
-    torchrun protocol of `saorl.distributed.fsdp`: rank 0 holds a `LeaderLearner` and answers
+    torchrun protocol of `saorl.distributed.torchrun`: rank 0 holds a `LeaderLearner` and answers
     the driver; the other ranks stay inside `setup`, mirroring rank 0's collective calls, until
     rank 0's learner is closed.
     """
@@ -73,7 +74,7 @@ class LearnerActor:
             return self.counters()
         import torch.distributed as dist
 
-        from saorl.distributed.fsdp import torchrun_learner
+        from saorl.distributed.torchrun import torchrun_learner
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
@@ -82,10 +83,8 @@ class LearnerActor:
         return self.counters() if rank == 0 else None
 
     def close_learner(self) -> None:
-        """End the followers' loop (multi-rank learners); a plain learner has nothing to end."""
-        close = getattr(self.learner, "close", None)
-        if close is not None:
-            close()
+        """End the followers' loop (multi-rank learners)."""
+        self.learner.close()
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -93,12 +92,33 @@ class LearnerActor:
     def counters(self) -> tuple[int, int]:
         return self.learner.steps, self.learner.version
 
+    # -- saorl.interfaces.Learner, each answered with the counters after it ----------------------
+    def warm_up(self, spec: Any, tokenizer: Any) -> tuple[None, int, int]:
+        return self.learner.warm_up(spec, tokenizer, None), *self.counters()
+
+    def load_critic(self, path: str) -> tuple[None, int, int]:
+        return self.learner.load_critic(path), *self.counters()
+
+    def evaluate(self, spec: Any, tokenizer: Any) -> tuple[dict[str, float], int, int]:
+        return self.learner.evaluate(spec, tokenizer), *self.counters()
+
     def step(self, batch: Batch) -> tuple[dict[str, Any], int, int]:
         return self.learner.step(batch), *self.counters()
 
+    def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> tuple[None, int, int]:
+        return self.learner.save(run_dir, rollout_state), *self.counters()
+
+    def restore(self, state: dict[str, Any]) -> tuple[None, int, int]:
+        return self.learner.restore(state), *self.counters()
+
+    def export(self, tokenizer: Any, path: Path) -> tuple[None, int, int]:
+        return self.learner.export(tokenizer, path), *self.counters()
+
     def call(self, fn: Callable[..., Any], args: tuple) -> tuple[Any, int, int]:
+        """`fn(learner, *args)`: for tests and tools."""
         return fn(self.learner, *args), *self.counters()
 
+    # -- weight pushes (saorl.distributed.ray_pool) ------------------------------------------
     def policy_state(self) -> dict[str, Any]:
         """Full policy weights on CPU: the object every rollout actor loads."""
         return {k: v.detach().cpu() for k, v in self.learner.policy_state().items()}

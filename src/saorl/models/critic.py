@@ -21,7 +21,7 @@ from saorl.models.packing import pack_rows
 class Critic(nn.Module):
     """`values[b, t]` estimates the state just before token t is generated.
 
-    That is the value head applied to the hidden state at position t-1 (DESIGN.md section 1);
+    That is the value head applied to the hidden state at position t-1 (docs/design.md section 1);
     position 0 has no predecessor and gets value 0 (it is never an action position).
     """
 
@@ -52,7 +52,7 @@ def freeze_attention(module: nn.Module) -> list[str]:
     """Set `requires_grad=False` on every parameter of every `*Attention` module.
 
     Returns the frozen parameter names. Selecting nothing is an error: a critic that silently
-    trains everything is a different algorithm (DESIGN.md section 1).
+    trains everything is a different algorithm (docs/design.md section 1).
     """
     frozen: list[str] = []
     for mod_name, mod in module.named_modules():

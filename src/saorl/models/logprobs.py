@@ -122,7 +122,7 @@ def sequence_logprobs(
     """`logprobs[b, t] = log softmax(logits_{t-1} / temperature)[input_ids[b, t]]`, `(B, T)`.
 
     Position 0 has no predecessor and gets 0. The distribution is the one the engine samples
-    from before top-p/top-k truncation (DESIGN.md section 1). With `return_entropy`, also the
+    from before top-p/top-k truncation (docs/design.md section 1). With `return_entropy`, also the
     entropy of that distribution at each position (same shape, same shift). With `packed`, the
     right-padded rows run as one packed row (no padding tokens); padding positions get 0.
     With gradients, `impl="fused"` (a linear head) backpropagates each chunk by hand in one

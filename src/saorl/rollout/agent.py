@@ -11,7 +11,7 @@ concatenation equals what the chat template produces for the whole conversation:
 With no chat template (the built-in char-level tasks) messages are plain text: the prompt is the
 concatenation of the opening contents and an observation is its content, appended as is.
 
-Ending rules (DESIGN.md section 1 and the agentic issue): the trajectory never ends on
+Ending rules (docs/design.md section 1): the trajectory never ends on
 observation tokens; it ends with `answer` (the environment said done), `max_turns`,
 `max_tool_calls`, `length` (a turn used its whole token budget without finishing), `context`
 (the next observation or turn would not fit), `env_error` or `aborted`. Only `aborted` and

@@ -1,14 +1,17 @@
-"""The engine interface every rollout backend implements (HF in-process now, vLLM later).
+"""The engine interface every rollout backend implements (in-process HF, vLLM).
 
 Engines are token in, token out: a request carries prompt token ids and a completion returns the
 sampled token ids, the log-prob of each under the sampling distribution `softmax(logits / T)`
-(before top-p truncation, DESIGN.md section 1) and the policy version that sampled each token.
+(before top-p truncation, docs/design.md section 1) and the policy version that sampled each token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    import torch
 
 FinishReason = Literal["eos", "stop", "length", "aborted"]
 
@@ -40,7 +43,9 @@ class Completion:
 class Engine(Protocol):
     """What the rollout side needs from a generation backend."""
 
-    version: int
+    version: int  # the policy version that samples the next token
+    max_concurrent: int  # sequences decoded together; a rollout worker keeps this many going
+    tokens_generated: int  # tokens sampled since the engine was built
 
     def add_request(self, request: GenerationRequest) -> None:
         """Queue a request; it joins the running batch at the next decoding step."""
@@ -54,8 +59,20 @@ class Engine(Protocol):
     def generate(self, requests: list[GenerationRequest]) -> list[Completion]:
         """Run requests to completion; results in request order."""
 
+    def abort_all(self) -> list[Completion]:
+        """Stop every request; running ones return as `aborted` with the tokens they have."""
+
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Load new policy weights; takes effect between decoding steps (partial rollouts)."""
+
+    def rng_state(self) -> torch.Tensor | None:
+        """The sampling RNG's state for a checkpoint; None if the engine cannot restore one."""
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """Continue the random stream `rng_state` recorded."""
+
+    def close(self) -> None:
+        """Release what the engine holds (processes, temporary files); unusable after."""
 
 
 def run_to_completion(engine: Engine, requests: list[GenerationRequest]) -> list[Completion]:

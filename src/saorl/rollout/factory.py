@@ -1,7 +1,7 @@
 """`build_engine`: the one place that turns `rollout.engine` into an `Engine`.
 
 The training loop, evaluation and the Ray rollout actors all build their engines here, so a new
-backend is one branch of the `if/elif` below (DESIGN.md section 3, rule 3).
+backend is one branch of the `if/elif` below (docs/design.md section 4, rule 3).
 """
 
 from __future__ import annotations

@@ -146,6 +146,15 @@ class HFEngine:
             self._drop_cache()
         return out
 
+    def close(self) -> None:
+        """Nothing to release: the model and its cache go with the engine."""
+
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
     # -- weights ----------------------------------------------------------------------------
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Queue `state` to load at the next step boundary; returns without waiting for a step.
@@ -294,7 +303,8 @@ class HFEngine:
                 g_logits = logits.clone()
                 g_logits[:, self.eos_id] = logits[:, self.eos_id].masked_fill(rows, -torch.inf)
             g_ids = g_logits.argmax(-1)
-            # Recorded log-probs are always of softmax(logits / T), greedy or not (DESIGN 1).
+            # Recorded log-probs are always of softmax(logits / T), greedy or not
+            # (docs/design.md section 1).
             g_logp = torch.log_softmax(logits / self.temperature, -1)
             g_logp = g_logp.gather(-1, g_ids[:, None]).squeeze(-1)
             flags = self._up(torch.tensor(greedy))

@@ -300,6 +300,14 @@ class VLLMEngine:
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
 
+    def rng_state(self) -> None:
+        """Sampling seeds come from `seed` and a request counter, which a checkpoint does not
+        keep: a resumed engine starts its stream again."""
+        return None
+
+    def set_rng_state(self, state: Any) -> None:
+        """See `rng_state`."""
+
     # -- weights ----------------------------------------------------------------------------
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Load `state` (Hugging Face names) in place between two decoding steps.

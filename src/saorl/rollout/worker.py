@@ -10,7 +10,7 @@ Environment steps that do real work (a sandboxed tool call) run on an event loop
 thread so decoding goes on meanwhile; cheap ones (`env.offload = False`, e.g. grading a sum)
 run inline, which keeps single-turn runs deterministic.
 
-Admission control (DESIGN.md section 2): the i-th rollout (counting from 0) may start only
+Admission control (docs/design.md section 2): the i-th rollout (counting from 0) may start only
 while `i < (consumed + max(max_staleness, 1)) * batch_size`, where `consumed` is the number of
 batches the learner has taken. If the learner trained on trajectories in start order, rollout i
 would be trained in batch `i // batch_size`, at most `max_staleness - 1` batches after it
@@ -210,7 +210,7 @@ class RolloutWorker:
 
     # -- episodes ----------------------------------------------------------------------------
     def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
-        if not getattr(env, "offload", True):
+        if not env.offload:
             fut: concurrent.futures.Future = concurrent.futures.Future()
             try:
                 # An awaiting hang times out here; a CPU-bound one cannot (inline envs must be
@@ -335,7 +335,7 @@ class RolloutWorker:
             self._start_episode(*item)
 
     def limits_concurrency(self) -> int:
-        return getattr(self.engine, "max_concurrent", 64)
+        return self.engine.max_concurrent
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""

@@ -1,0 +1,210 @@
+"""The learner as Ray actors (`saorl train --ray`): `RayLearner`, the driver's handle on them.
+
+The driver (the `saorl train` process) runs the loop of `saorl.loop` and holds no model
+weights. The learner actor (`saorl.distributed.ray_actors.LearnerActor`) owns policy, critic and
+both optimizers (a `saorl.learner.Learner`; with `ray.learner_ranks` > 1, N actors packed on one
+node shard one FSDP2 learner and rank 0 answers) and runs everything that needs the weights:
+the supervised warm-up, evaluation, checkpoints, the final export. `RayLearner` implements
+`saorl.interfaces.Learner` by calling those methods remotely; each call returns the learner's
+counters too, so `steps` and `version` are current here without another round trip. The
+critic lives with the policy rather than in an actor of its own: every step updates it from
+the same batch right before the policy (values before its K updates give the advantages), so
+a separate actor would add a batch transfer and a round trip per step and overlap nothing.
+
+The rollout actors and the weight pushes to them belong to the rollout pool
+(`saorl.distributed.ray_pool.RayWorkerPool`), which reads the weights through this handle.
+
+Failures: every remote call is awaited through `get`, which turns a dead actor into an
+`ActorFailure` naming its role; with several learner ranks, `wait` also reports a rank > 0
+that stopped while rank 0 was waiting for it in a collective.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from saorl.config import Config, ConfigError
+from saorl.distributed.ray_actors import LearnerActor
+from saorl.types import Batch
+
+
+class ActorFailure(RuntimeError):
+    """A Ray actor died or did not answer; the message names its role."""
+
+
+def ray_module() -> Any:
+    try:
+        import ray
+    except ImportError as e:
+        raise ConfigError(
+            "ray.enabled: Ray is not installed; pip install 'saorl[ray]' (or run without --ray)"
+        ) from e
+    return ray
+
+
+def get(refs: Any, role: str, timeout: float | None = None) -> Any:
+    """`ray.get`, with a dead or silent actor reported as an `ActorFailure` naming `role`.
+
+    Exceptions raised inside an actor method come back as themselves (Ray's task errors are
+    instances of the original class), so a `ConfigError` in the learner is still one here.
+    """
+    ray = ray_module()
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.RayActorError as e:
+        raise ActorFailure(f"{role}: the Ray actor died: {e}") from e
+    except ray.exceptions.GetTimeoutError as e:
+        raise ActorFailure(
+            f"{role}: no answer within {timeout:g} s (placed? the cluster may lack the CPUs/GPUs "
+            "that the [ray] section asks for; raise ray.start_timeout_s for slow model loads)"
+        ) from e
+
+
+def init_ray(cfg: Config) -> bool:
+    """Join `ray.address` or start a local Ray, unless one is up; True if this call did it."""
+    ray = ray_module()
+    if ray.is_initialized():
+        return False
+    if cfg.ray.address:
+        ray.init(address=cfg.ray.address)
+    else:
+        # "local": a new Ray even if this machine runs one (joining is what address is for).
+        ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(),
+                 include_dashboard=False)  # fmt: skip
+    return True
+
+
+def _check_resources(cfg: Config) -> None:
+    """Every actor of the run (learner ranks and rollout actors) fits the cluster."""
+    rc, n = cfg.ray, cfg.rollout.num_workers
+    have = ray_module().cluster_resources()
+    for kind, learner, rollout in (("CPU", rc.learner_num_cpus, rc.rollout_num_cpus),
+                                   ("GPU", rc.learner_num_gpus, rc.rollout_num_gpus)):  # fmt: skip
+        need = rc.learner_ranks * learner + n * rollout
+        if need > have.get(kind, 0.0) + 1e-9:
+            key = kind.lower()
+            raise ConfigError(
+                f"ray: the actors need {need:g} {kind}s (ray.learner_ranks = {rc.learner_ranks} "
+                f"x ray.learner_num_{key}s = {learner:g} + rollout.num_workers = {n} x "
+                f"ray.rollout_num_{key}s = {rollout:g}) but the Ray cluster has "
+                f"{have.get(kind, 0.0):g}; lower those fields or add nodes"
+            )
+
+
+class RayLearner:
+    """Driver-side handle on the learner actor(s).
+
+    Starts (or joins) Ray and the learner actors on construction; `close` ends them and the
+    Ray session this handle started.
+    """
+
+    def __init__(self, cfg: Config) -> None:
+        ray = ray_module()
+        self.cfg = cfg
+        self._own_ray = init_ray(cfg)
+        self.learner_actors: list[Any] = []
+        self._placement: Any = None  # placement group of the learner ranks
+        self._followers: list[Any] = []  # ranks > 0: their `setup` returns only at the end
+        try:
+            _check_resources(cfg)
+            rc, n = cfg.ray, cfg.ray.learner_ranks
+            if n > 1 and not cfg.learner.fsdp:
+                raise ConfigError(
+                    f"ray.learner_ranks = {n} needs learner.fsdp = true (the ranks shard one "
+                    "learner with FSDP2); or set ray.learner_ranks = 1"
+                )
+            self.learner_actors = [
+                ray.remote(LearnerActor)
+                .options(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus,
+                         **self._learner_placement(r))
+                .remote(cfg, os.getcwd())
+                for r in range(n)
+            ]  # fmt: skip
+            self.actor = self.learner_actors[0]
+            host, port = get(self.actor.address.remote(), "learner", rc.start_timeout_s)
+            ranks = [a.setup.remote(r, n, host, port) for r, a in enumerate(self.learner_actors)]
+            self._followers = ranks[1:]
+            self.steps, self.version = self.get(ranks[0], rc.start_timeout_s)
+            self.tokenizer = get(self.actor.get_tokenizer.remote(), "learner")
+        except BaseException:
+            self.close()
+            raise
+
+    def _learner_placement(self, rank: int) -> dict[str, Any]:
+        """Several learner ranks go on one node (a STRICT_PACK placement group): FSDP2's
+        collectives run every micro-batch, over NVLink rather than between nodes."""
+        rc = self.cfg.ray
+        bundle = {k: v for k, v in (("CPU", rc.learner_num_cpus), ("GPU", rc.learner_num_gpus))
+                  if v > 0}  # fmt: skip
+        if rc.learner_ranks == 1 or not bundle:
+            return {}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        if self._placement is None:
+            bundles = [bundle] * rc.learner_ranks
+            self._placement = ray_module().util.placement_group(bundles, "STRICT_PACK")
+            get(self._placement.ready(), "learner placement group", rc.start_timeout_s)
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._placement, rank)}
+
+    def wait(self, ref: Any, timeout: float | None = None) -> None:
+        """Wait for rank 0's call `ref`; a learner rank > 0 that stops first (it died) is
+        reported, rather than left with rank 0 waiting for it in a collective forever."""
+        if self._followers:
+            ready, _ = ray_module().wait([ref, *self._followers], num_returns=1, timeout=timeout)
+            if ready and ready[0] is not ref:
+                rank = self._followers.index(ready[0]) + 1
+                get(ready[0], f"learner rank {rank}")
+                raise ActorFailure(f"learner rank {rank}: stopped while rank 0 was working")
+
+    def get(self, ref: Any, timeout: float | None = None) -> Any:
+        """The result of rank 0's call `ref` (see `wait`)."""
+        self.wait(ref, timeout)
+        return get(ref, "learner", timeout)
+
+    def _ask(self, ref: Any) -> Any:
+        """The result of a `LearnerActor` method that also answers with the counters."""
+        result, self.steps, self.version = self.get(ref)
+        return result
+
+    # -- saorl.interfaces.Learner ----------------------------------------------------------------
+    def warm_up(self, spec: Any, tokenizer: Any, progress: Any) -> None:
+        """In the learner actor; its progress is not shown here."""
+        self._ask(self.actor.warm_up.remote(spec, tokenizer))
+
+    def load_critic(self, path: str) -> None:
+        self._ask(self.actor.load_critic.remote(path))
+
+    def evaluate(self, spec: Any, tokenizer: Any) -> dict[str, float]:
+        return self._ask(self.actor.evaluate.remote(spec, tokenizer))
+
+    def step(self, batch: Batch) -> dict[str, Any]:
+        return self._ask(self.actor.step.remote(batch))
+
+    def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> None:
+        self._ask(self.actor.save.remote(run_dir, rollout_state))
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._ask(self.actor.restore.remote(state))
+
+    def export(self, tokenizer: Any, path: Path) -> None:
+        self._ask(self.actor.export.remote(tokenizer, path))
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """`fn(learner, *args)` in the learner actor, for tests and tools (`fn` must pickle)."""
+        return self._ask(self.actor.call.remote(fn, args))
+
+    def close(self) -> None:
+        """End the learner actors; shut Ray down if this handle started it."""
+        ray = ray_module()
+        if self._followers:  # let the other learner ranks leave their loop; kill them anyway
+            ray.wait([self.actor.close_learner.remote()], timeout=30)
+        for a in self.learner_actors:
+            ray.kill(a)
+        self.learner_actors, self._followers = [], []
+        if self._placement is not None:
+            ray.util.remove_placement_group(self._placement)
+            self._placement = None
+        if self._own_ray:
+            ray.shutdown()

@@ -1,0 +1,235 @@
+"""Rollout workers as Ray actors (`saorl train --ray`): `RayWorkerPool` and its worker proxies.
+
+Each rollout actor (`saorl.distributed.ray_actors.RolloutActor`, `rollout.num_workers` of them)
+owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop + environments) that
+runs only tasks the driver admitted. In the driver, `RayRolloutWorker` stands in for a
+`RolloutWorker` (`start`, `fill`, `step`, `paused`, `in_flight`, `stop_thread`, `idle_s`,
+`error`, `name`, `engine.tokens_generated`), so the pool is `saorl.rollout.pool.WorkerPool`
+with other workers: batches, restarts and checkpoints work unchanged.
+
+Admission control across processes: the driver's `PromptFeed` stays the only source of tasks.
+One pump thread per rollout actor repeatedly calls `exchange`: it sends the tasks admitted for
+that actor's free slots and gets back the trajectories that finished and the slots now free, so
+a task is admitted exactly when it is handed to an engine with room, as in one process.
+
+Weights (`ray.weight_sync`): the learner's state as one Ray object (the return value of
+`policy_state`, stored once) that every rollout actor loads, or a `torch.distributed` broadcast
+from the learner (`saorl.distributed.weight_sync`). The driver waits until every engine has the
+new weights, as the in-process push does. A dead rollout actor is replaced (`respawn`) by a new
+one with the learner's current weights and the dead one's unfinished tasks, which the driver
+knows without asking the dead process; a broadcast group cannot swap a rank, so with
+`"broadcast"` a dead rollout actor stops the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from saorl.config import Config
+from saorl.distributed.ray_actors import RolloutActor
+from saorl.distributed.ray_learner import ActorFailure, RayLearner, get, ray_module
+from saorl.rollout.pool import WorkerPool
+from saorl.rollout.worker import PromptFeed
+from saorl.types import Trajectory
+
+_POLL_S = 0.05  # longest an exchange waits for a trajectory before reporting back
+
+
+class _EngineStats:
+    """What the pool reads from a rollout actor's engine, as of the last exchange."""
+
+    tokens_generated = 0
+
+    def rng_state(self) -> torch.Tensor | None:
+        """The actor's sampling RNG stays in the actor: not checkpointed."""
+        return None
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        """See `rng_state`."""
+
+
+class RayRolloutWorker:
+    """Driver-side proxy of a `RolloutActor` with the `RolloutWorker` interface the pool uses."""
+
+    def __init__(self, actor: Any, name: str, feed: PromptFeed, out: queue.Queue[Trajectory],
+                 room: int) -> None:  # fmt: skip
+        self.actor, self.name, self.feed, self.out = actor, name, feed, out
+        self.engine = _EngineStats()
+        self.idle_s = 0.0
+        self.error: BaseException | None = None
+        self._room, self._tasks = room, []
+        self._actor_idle = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # held by one exchange at a time, or by a checkpoint
+        # Tasks handed to the actor and not back as trajectories, by group id: what `in_flight`
+        # reports, known here so that it survives the actor's death (restarts re-issue them).
+        self._outstanding: dict[int, list[Any]] = {}
+
+    def _admit(self) -> list[tuple[Any, int]]:
+        tasks = []
+        while len(tasks) < self._room and (item := self.feed.next()) is not None:
+            tasks.append(item)
+            self._outstanding.setdefault(item[1], []).append(item[0])
+        self._room -= len(tasks)
+        return tasks
+
+    def _deliver(self, done: list[Trajectory]) -> None:
+        for t in done:
+            tasks = self._outstanding.get(t.group_id)
+            if tasks:
+                tasks.pop()
+                if not tasks:
+                    del self._outstanding[t.group_id]
+            self.out.put(t)
+
+    def _absorb(self, reply: tuple) -> int:
+        done, self._room, actor_idle, self.engine.tokens_generated = reply
+        self._deliver(done)
+        self.idle_s += actor_idle - self._actor_idle
+        self._actor_idle = actor_idle
+        return len(done)
+
+    # -- synchronous mode: the pool drives every step -----------------------------------------
+    def fill(self) -> None:
+        self._tasks += self._admit()
+
+    def step(self) -> int:
+        tasks, self._tasks = self._tasks, []
+        return self._absorb(get(self.actor.step_once.remote(tasks), self.name))
+
+    # -- background mode: a pump thread exchanges tasks and trajectories ---------------------
+    def start(self) -> None:
+        get(self.actor.start.remote(), self.name)
+        self._thread = threading.Thread(target=self._pump, name=f"{self.name}-pump", daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        try:
+            while not self._stop.is_set():
+                with self._lock:
+                    tasks = self._admit()
+                    self._absorb(get(self.actor.exchange.remote(tasks, _POLL_S), self.name))
+        except BaseException as e:  # surfaced by the pool's batch collector, which re-raises
+            self.error = e
+
+    # -- checkpoints (saorl.resume) ------------------------------------------------------------
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No exchange in flight and the actor's worker held; its finished work is in `out`."""
+        with self._lock:
+            self._deliver(get(self.actor.pause.remote(), self.name))
+            try:
+                yield
+            finally:
+                get(self.actor.unpause.remote(), self.name)
+
+    def in_flight(self) -> list[tuple[Any, int]]:
+        """`(task, group id)` of every task handed out and not finished (dead actor or not)."""
+        return [(task, g) for g, tasks in self._outstanding.items() for task in tasks]
+
+    def stop_thread(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.actor.stop.remote()  # not awaited: the actor may be the thing that failed
+
+
+class RayWorkerPool(WorkerPool):
+    """`WorkerPool` whose workers are Ray actors, fed and drained by the driver."""
+
+    def __init__(self, cfg: Config, tokenizer: Any, learner: RayLearner) -> None:
+        super().__init__(cfg, tokenizer, learner)  # type: ignore[arg-type]
+        self.learner: RayLearner = learner
+        self._actors: list[Any] = []  # every actor spawned and not yet killed
+
+    def _spawn_actor(self, name: str, seed: int) -> Any:
+        rc = self.cfg.ray
+        remote = (
+            ray_module()
+            .remote(RolloutActor)
+            .options(num_cpus=rc.rollout_num_cpus, num_gpus=rc.rollout_num_gpus, max_concurrency=4)
+        )
+        actor = remote.remote(self.cfg, os.getcwd(), name, seed, self.tokenizer, self.limits)
+        self._actors.append(actor)
+        return actor
+
+    def _spawn_all(self) -> list[Any]:
+        """One actor per seed, all placed at once, then the learner's current weights."""
+        names = [f"rollout-{i}" for i in range(len(self.seeds))]
+        actors = [self._spawn_actor(n, s) for n, s in zip(names, self.seeds, strict=True)]
+        rooms = get([a.ready.remote() for a in actors], "rollout actors",
+                    timeout=self.cfg.ray.start_timeout_s)  # fmt: skip
+        if self.cfg.ray.weight_sync == "broadcast":
+            self._form_group(actors)
+        self.workers = [RayRolloutWorker(a, name, self.feed, self.out, room)
+                        for a, name, room in zip(actors, names, rooms, strict=True)]  # fmt: skip
+        self.update_weights()
+        return self.workers
+
+    def _form_group(self, actors: list[Any]) -> None:
+        host, port, backend, meta = self.learner.get(self.learner.actor.group_address.remote())
+        world, timeout = len(actors) + 1, self.cfg.ray.start_timeout_s
+        get([self.learner.actor.join_group.remote(host, port, world, backend, timeout)] + [
+            a.join_group.remote(host, port, i + 1, world, backend, meta, timeout)
+            for i, a in enumerate(actors)
+        ], "broadcast group")  # fmt: skip
+
+    def respawn(self, i: int) -> RayRolloutWorker:
+        """A new actor in place of rollout actor `i` (dead), with the learner's current weights.
+
+        Object-store weight sync only: a broadcast group cannot swap one of its ranks.
+        """
+        name = f"rollout-{i}"
+        if self.cfg.ray.weight_sync != "object_store":
+            raise ActorFailure(
+                f"{name}: restarting a rollout actor needs ray.weight_sync = 'object_store' "
+                "(a broadcast group cannot replace one of its ranks)"
+            )
+        actor = self._spawn_actor(name, self._restart_seed(i))
+        room = get(actor.ready.remote(), name, timeout=self.cfg.ray.start_timeout_s)
+        dead = self.workers[i].actor
+        ray_module().kill(dead)
+        self._actors.remove(dead)
+        get(actor.update_weights.remote(self._weights_ref(), self.learner.version), name)
+        return RayRolloutWorker(actor, name, self.feed, self.out, room)
+
+    def update_weights(self) -> None:
+        sync = self.cfg.ray.weight_sync
+        if sync == "object_store":
+            self.push_via_object_store()
+        elif sync == "broadcast":
+            self.push_via_broadcast()
+        else:
+            raise ValueError(f"ray.weight_sync: unknown {sync!r}")
+
+    def _weights_ref(self) -> Any:
+        state = self.learner.actor.policy_state.remote()  # stored once, loaded by every actor
+        self.learner.wait(state)
+        return state
+
+    def push_via_object_store(self) -> None:
+        state, version = self._weights_ref(), self.learner.version
+        get([w.actor.update_weights.remote(state, version) for w in self.workers], "weight push")
+
+    def push_via_broadcast(self) -> None:
+        """Needs the group that `start` forms when `ray.weight_sync = "broadcast"`."""
+        sent = self.learner.actor.broadcast_weights.remote()
+        received = [w.actor.receive_weights.remote(self.learner.version) for w in self.workers]
+        self.learner.wait(sent)
+        get([sent, *received], "weight push")
+
+    def close(self) -> None:
+        """Stop the pump threads and end every rollout actor."""
+        for w in self.workers:
+            w.stop_thread()
+        for a in self._actors:
+            ray_module().kill(a)
+        self.workers, self._actors = [], []

@@ -1,0 +1,131 @@
+"""How the learner's work is spread over processes: `Sharding`, here for one process.
+
+The learner (`saorl.learner`) is written once, for one process. Everything that changes when
+policy and critic are sharded over several ranks goes through one `Sharding` object:
+
+- `shard(module)`: wrap a module for sharded training (here: nothing);
+- `micro_batches(lengths, plan)`: this process's micro-batches of a batch (here: all rows);
+- `map_rows(batch, micro, fn)`: a per-row computation over this process's rows, whole `(B, T)`
+  back (here: just run it);
+- `grad_norm(params, clip)`: clip and return the global gradient norm;
+- `floats(metrics)`: a step's metrics as python floats, combined over ranks, in one sync;
+- `full_state` / `optimizer_state` / `load_state`: whole state dicts for weight pushes and
+  checkpoints.
+
+`saorl.distributed.fsdp.FSDPSharding` implements the same methods with FSDP2 over a
+`torch.distributed` group. `StepMetrics` collects a step's metrics as detached tensors so that
+nothing waits for the device until the step ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from saorl.types import Batch
+
+Plan = Callable[[list[int]], list[list[int]]]  # row lengths -> micro-batches of row indices
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """Rows of a batch that run through one forward/backward pass together.
+
+    `weight` scales the pass's loss and metrics: 1, or 0 for a filler pass that a sharded
+    learner runs only so that every rank makes the same number of collective calls.
+    """
+
+    rows: list[int]
+    weight: float = 1.0
+
+
+class StepMetrics:
+    """One learner step's metrics as detached tensors; `Sharding.floats` makes them floats.
+
+    `add` sums weighted values (a micro-batch's value times its share of the batch adds up to
+    the batch value, over micro-batches and over ranks); `low` and `high` keep a minimum and a
+    maximum; `set` holds a value that is already the batch's (computed on the whole batch).
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, torch.Tensor] = {}
+        self.mins: dict[str, torch.Tensor] = {}
+        self.maxs: dict[str, torch.Tensor] = {}
+        self.values: dict[str, torch.Tensor] = {}
+
+    def add(self, key: str, value: torch.Tensor, weight: torch.Tensor | float = 1.0) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value.detach() * weight
+
+    def low(self, key: str, value: torch.Tensor) -> None:
+        old = self.mins.get(key)
+        self.mins[key] = value.detach() if old is None else torch.minimum(old, value.detach())
+
+    def high(self, key: str, value: torch.Tensor) -> None:
+        old = self.maxs.get(key)
+        self.maxs[key] = value.detach() if old is None else torch.maximum(old, value.detach())
+
+    def set(self, key: str, value: torch.Tensor) -> None:
+        self.values[key] = value.detach()
+
+
+def stacked_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Python floats of 0-dim tensors, with one device sync for all of them."""
+    if not tensors:
+        return {}
+    keys = list(tensors)
+    dev = tensors[keys[0]].device
+    vals = torch.stack([tensors[k].to(dev, torch.float64) for k in keys]).tolist()
+    return dict(zip(keys, vals, strict=True))
+
+
+class Sharding:
+    """One process: the whole batch, the whole model, nothing to combine."""
+
+    def shard(self, module: nn.Module) -> None:
+        """Prepare `module` for training (sharded learners wrap it; here it stays as it is)."""
+
+    def micro_batches(self, lengths: list[int], plan: Plan) -> list[MicroBatch]:
+        """The micro-batches this process runs for a batch whose rows have `lengths` tokens."""
+        return [MicroBatch(rows) for rows in plan(lengths)]
+
+    def map_rows(
+        self, batch: Batch, micro: list[MicroBatch], fn: Callable[[Batch], torch.Tensor]
+    ) -> torch.Tensor:
+        """`fn(rows) -> (n, T)` over `micro`, put back in place as the batch's `(B, T)`."""
+        out = torch.zeros_like(batch.rewards)
+        for mb in micro:  # packed micro-batches need not be contiguous rows
+            out[mb.rows] = fn(batch.select(mb.rows))
+        return out
+
+    def grad_norm(self, params: list[nn.Parameter], clip: float) -> torch.Tensor:
+        """Clip the gradients of `params` to norm `clip`; return the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(params, clip)
+
+    def floats(self, m: StepMetrics) -> dict[str, float]:
+        """Every metric of `m` as a python float (minima and maxima under their own keys)."""
+        return stacked_floats({**m.sums, **m.mins, **m.maxs, **m.values})
+
+    def full_state(self, module: nn.Module, everywhere: bool = False) -> dict[str, Any]:
+        """`module`'s whole state dict (detached tensors; `everywhere` matters when sharded)."""
+        return module.state_dict()
+
+    def optimizer_state(self, module: nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+        return opt.state_dict()
+
+    def load_state(
+        self,
+        module: nn.Module,
+        state: dict[str, Any],
+        opt: torch.optim.Optimizer | None = None,
+        opt_state: dict[str, Any] | None = None,
+    ) -> None:
+        """Load a whole state dict (and optionally an optimizer state) into `module`."""
+        module.load_state_dict(state)
+        if opt is not None:
+            if opt_state is None:
+                raise KeyError("the optimizer state is missing")
+            opt.load_state_dict(opt_state)
