@@ -18,9 +18,15 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 BOUNDARIES = {
     # Tool-running processes import only the sandbox: no torch, no environments.
     "saorl.sandbox": ("torch", "saorl.envs"),
+    # The loop and the learner are single-process code; adapters live in saorl.distributed.
+    "saorl.loop": ("ray", "saorl.distributed"),
+    "saorl.learner": ("ray", "saorl.distributed"),
+    # Configs stay instant to load and print.
+    "saorl.config": ("torch",),
 }
-# Packages that must have no import cycle among the modules they hold.
-ACYCLIC = ("saorl.envs", "saorl.sandbox")
+# Modules that must not name the distributed adapters anywhere, not even in a function body.
+SINGLE_PROCESS = ("saorl.loop", "saorl.learner")
+MAX_LINES = 500  # per file in src/ (docs/design.md section 4, rule 5)
 
 
 @pytest.mark.parametrize("module", sorted(BOUNDARIES))
@@ -41,8 +47,31 @@ def test_import_stays_inside_its_boundary(module: str) -> None:
 
 @pytest.mark.parametrize("lazy", [False, True], ids=["import-time", "with-lazy"])
 def test_no_import_cycles(lazy: bool) -> None:
-    cycles = [c for c in import_cycles(lazy) if any(m.startswith(ACYCLIC) for m in c)]
+    cycles = import_cycles(lazy)
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("module", SINGLE_PROCESS)
+def test_single_process_code_names_no_adapter(module: str) -> None:
+    path = module_names()[module]
+    for node in _import_nodes(ast.parse(path.read_bytes()).body, lazy=True):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""]
+        else:
+            continue
+        for name in names:
+            assert not name.startswith(("ray", "saorl.distributed")), f"{module} imports {name}"
+
+
+def test_no_source_file_is_too_long() -> None:
+    long = {
+        str(path.relative_to(SRC)): n
+        for path in module_names().values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files over {MAX_LINES} lines: {long}"
 
 
 def module_names() -> dict[str, Path]:
