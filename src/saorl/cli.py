@@ -2,6 +2,8 @@
 
     saorl train [--config FILE.toml] [--print-config] [--help-config] [--resume RUN_DIR]
                 [section.field=value ...]
+    saorl eval MODEL [--config FILE.toml] [--print-config] [--k K] [--limit N] [--out FILE]
+               [--base-url URL] [--api-key KEY] [section.field=value ...]
     saorl report RUN_DIR [RUN_DIR ...] [--out PATH]
     saorl compare [--config FILE.toml] [--arms a,b,c] [--out DIR] [--push-every K] [--steps N]
                   [section.field=value ...]
@@ -167,44 +169,51 @@ def _add_compare_parser(commands: Any) -> None:
     )
 
 
+_EVAL_EPILOG = """\
+the task, its held-out problems, sampling, lengths and device come from a config, as for
+saorl train: --config FILE.toml, else the config.toml of the run MODEL belongs to (a run
+directory, its final/ or one of its checkpoints), else the defaults (the built-in arithmetic
+task); overrides apply on top.
+
+examples:
+  saorl eval runs/exp1 --k 4                # the run's task and held-out set: pass@1, pass@4
+  saorl eval runs/exp1/checkpoints/step_00000200.pt env.eval_size=64
+  saorl eval /models/Qwen3-4B --config examples/eval_math.toml --k 8     # all of aime25
+  saorl eval /models/Qwen3-4B --config examples/eval_math.toml env.eval_dataset=data/test.jsonl
+  saorl eval Qwen3-4B --base-url http://localhost:8000/v1 --config examples/eval_math.toml
+"""
+
+
 def _add_eval_parser(commands: Any) -> None:
     ev = commands.add_parser(
         "eval",
-        help="evaluate a model or run on a dataset: pass@1 (avg over k samples) and pass@k",
-        description="Evaluate MODEL (a run directory, a Hugging Face model directory, "
-        "'builtin:tiny', or with --base-url a served model's name) on a dataset. Writes one "
-        "JSON line per problem to --out and a summary to OUT.summary.json.",
+        help="evaluate a model or run on held-out problems: pass@1 (avg over k samples), pass@k",
+        description=textwrap.fill(
+            "Evaluate MODEL (a run directory, one of its checkpoints, a Hugging Face model "
+            "directory, 'builtin:tiny', or with --base-url a served model's name) on the "
+            "held-out problems of the config's env: pass@1 (avg over k samples) and pass@k. "
+            "Writes one JSON line per problem to --out and a summary to OUT.summary.json.",
+            width=88,
+        ),
+        epilog=_EVAL_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         allow_abbrev=False,
     )
     ev.add_argument("model", metavar="MODEL")
     ev.add_argument(
-        "--env", default="math", choices=["math", "arithmetic", "tool_arithmetic", "swe"]
+        "--config",
+        metavar="FILE.toml",
+        help="base config instead of the run's config.toml (or the defaults)",
     )
-    ev.add_argument("--dataset", default="aime25", help="preset name or .jsonl/.parquet path")
-    ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
-    ev.add_argument("--no-tool", action="store_true", help="math without the Python tool")
-    ev.add_argument("--tool-format", default="code", choices=["code", "hermes"])
-    ev.add_argument("--temperature", type=float, default=1.0)
-    ev.add_argument("--top-p", type=float, default=1.0)
-    ev.add_argument("--max-new-tokens", type=int, default=1024, help="per model turn")
-    ev.add_argument("--max-seq-len", type=int, default=4096, help="whole episode, in tokens")
-    ev.add_argument("--max-turns", type=int, default=4)
-    ev.add_argument("--max-tool-calls", type=int, default=3)
-    ev.add_argument("--limit", type=int, default=None, help="first N problems only")
-    ev.add_argument("--problem-key", default="problem")
-    ev.add_argument("--answer-key", default="answer")
-    ev.add_argument("--answer-extractor", default="none", choices=["none", "gsm8k"])
-    ev.add_argument("--data-root", default="", help="where presets live (default ../shared/data)")
-    ev.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. .../v1")
-    ev.add_argument("--api-key", default=None)
-    ev.add_argument("--seed", type=int, default=0)
-    ev.add_argument("--out", default=None, help="per-problem JSONL (default evals/NAME.jsonl)")
     ev.add_argument(
-        "--swe-tasks",
-        default="",
-        help="--env swe: a SWE-bench-format .jsonl (default: generated tasks, env.seed 1234)",
+        "--print-config", action="store_true", help="print the resolved config as TOML and exit"
     )
-    ev.add_argument("--swe-repos-root", default="", help="--env swe: the repository checkouts")
+    ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
+    ev.add_argument("--limit", type=int, metavar="N", help="the first N held-out problems only")
+    ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (default evals/NAME.jsonl)")
+    ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
+    ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
+    ev.add_argument("overrides", nargs="*", metavar="section.field=value", help="config overrides")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -215,17 +224,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
-    if args.command in ("report", "eval"):
+    if args.command == "report":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        return _report(args) if args.command == "report" else _eval(args)
+        return _report(args)
     flags = [a for a in extra if a.startswith("-")]
     if flags:
-        parser.error(f"unrecognized arguments: {' '.join(flags)}")
+        parser.error(f"unrecognized arguments: {' '.join(flags)}{_flag_hint(flags)}")
     args.overrides = [*args.overrides, *extra]
+    if args.command == "eval":
+        return _eval(args)
     if args.command == "value-pretrain":
         return _value_pretrain(args)
     return _compare(args) if args.command == "compare" else _train(args)
+
+
+def _flag_hint(flags: list[str]) -> str:
+    """Point a flag named like a config field (`--max-new-tokens`) at its override."""
+    fields = {s: getattr(f.annotation, "model_fields", {}) for s, f in Config.model_fields.items()}
+    keys = []
+    for flag in flags:
+        name = flag.lstrip("-").partition("=")[0].replace("-", "_")
+        keys += [f"{name}.name"] if "name" in fields.get(name, {}) else []  # --env: env.name
+        keys += [f"{s}.{name}" for s, names in fields.items() if name in names]
+    hint = " or ".join(f"{k}=..." for k in keys)
+    return f" (config fields are overrides: {hint})" if keys else ""
 
 
 def _value_pretrain(args: argparse.Namespace) -> int:
@@ -387,77 +410,39 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace) -> int:
-    import json
-
-    from saorl.config import EnvConfig
-
-    for flag, value, least in (("--k", args.k, 1), ("--limit", args.limit, 1),
-                               ("--max-new-tokens", args.max_new_tokens, 1),
-                               ("--max-seq-len", args.max_seq_len, 1),
-                               ("--max-turns", args.max_turns, 1),
-                               ("--max-tool-calls", args.max_tool_calls, 0)):  # fmt: skip
-        if value is not None and value < least:
-            print(f"saorl eval: error: {flag} must be >= {least}, got {value}", file=sys.stderr)
+    for flag, value in (("--k", args.k), ("--limit", args.limit)):
+        if value is not None and value < 1:
+            print(f"saorl eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
     try:
-        env_cfg = EnvConfig(
-            name=args.env,
-            dataset=args.dataset,
-            eval_dataset=args.dataset,
-            # generated coding tasks are made on demand: 32 unless --limit, not "all"
-            eval_size=args.limit or (32 if args.env == "swe" and not args.swe_tasks else 10**9),
-            use_tool=not args.no_tool,
-            tool_format=args.tool_format,
-            max_turns=args.max_turns,
-            max_tool_calls=args.max_tool_calls,
-            problem_key=args.problem_key,
-            answer_key=args.answer_key,
-            answer_extractor=args.answer_extractor,
-            data_root=args.data_root,
-            **_swe_eval_fields(args),
-        )
-        from saorl.evaluation import run_eval  # imports torch
+        cfg = load_config(args.config or _run_config(Path(args.model)), args.overrides)
+    except ConfigError as exc:
+        return _config_failure(exc, "eval")
+    if args.print_config:
+        sys.stdout.write(config_to_toml(cfg))
+        return 0
+    try:
+        from saorl.evaluation import run_eval, write_results  # imports torch
 
-        summary, rows = run_eval(
-            args.model, env_cfg, k=args.k, temperature=args.temperature, top_p=args.top_p,
-            max_new_tokens=args.max_new_tokens, max_seq_len=args.max_seq_len, limit=args.limit,
-            base_url=args.base_url, api_key=args.api_key, seed=args.seed,
-            progress=sys.stderr.isatty(),
-        )  # fmt: skip
+        summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
+                                 base_url=args.base_url, api_key=args.api_key,
+                                 progress=sys.stderr.isatty())  # fmt: skip
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
-    name = Path(args.dataset).stem if args.env == "math" else args.env
-    if args.env == "swe":  # the SWE-bench name for the success rate
-        name = Path(args.swe_tasks).stem if args.swe_tasks else "swe_generated"
-        summary = {"resolved_rate": summary["accuracy"], **summary}
-    out = Path(args.out or f"evals/{name}.jsonl")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    out.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"saorl eval: {args.model} on {name}")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in summary.items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
-    Console().print(table)
-    print(f"per-problem results: {out}")
+    print(f"per-problem results: {write_results(args.model, cfg, summary, rows, args.out)}")
     return 0
 
 
-def _swe_eval_fields(args: argparse.Namespace) -> dict[str, Any]:
-    """EnvConfig fields of `saorl eval --env swe`: generated tasks unless --swe-tasks."""
-    if args.env != "swe":
-        return {}
-    return {
-        "swe_source": "swebench" if args.swe_tasks else "generated",
-        "swe_tasks": args.swe_tasks,
-        "swe_repos_root": args.swe_repos_root,
-        "swe_num_tasks": 1,  # generation makes held-out tasks only (one training task)
-    }
+def _run_config(model: Path) -> str | None:
+    """The config.toml of the run MODEL belongs to: RUN, RUN/final or RUN/checkpoints/X.pt."""
+    run = model
+    if model.suffix == ".pt" and model.is_file():
+        run = model.parent.parent
+    elif model.name == "final" and not (model / "config.toml").is_file():
+        run = model.parent
+    saved = run / "config.toml"
+    return str(saved) if saved.is_file() else None
 
 
 def _resolve_config(

@@ -1,9 +1,10 @@
 """Evaluation: run whole episodes on held-out problems and score them.
 
-Used by `saorl train` (held-out accuracy during training) and `saorl eval` (a model or run on a
-dataset). Episodes go through the same agent loop as training rollouts (`RolloutWorker`), so a
-tool task is evaluated with its tool. pass@1 is averaged over k samples per problem (avg@k);
-pass@k uses the unbiased estimator of Chen et al. (2021) over the same k samples.
+Used by `saorl train` (held-out accuracy during training) and `saorl eval` (a model or run on
+the held-out problems of a config: `run_eval`, `write_results`). Episodes go through the same
+agent loop as training rollouts (`RolloutWorker`), so a tool task is evaluated with its tool.
+pass@1 is averaged over k samples per problem (avg@k); pass@k uses the unbiased estimator of
+Chen et al. (2021) over the same k samples.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ import math
 import queue
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from saorl.envs.base import EnvSpec
+from saorl.config import Config, ConfigError, ModelConfig, load_config
+from saorl.envs.base import EnvSpec, task_key
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
@@ -134,14 +137,12 @@ def evaluate_policy(
     return metrics
 
 
-def _load_model(model: str, max_seq_len: int) -> tuple[nn.Module, Any]:
+def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
     """A run directory (its `final/` policy), a checkpoint file of a run
-    (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`."""
-    from pathlib import Path
-
+    (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`, on
+    `model.device`; `cfg` is the `[model]` section (dtype, device, built-in shape)."""
     from saorl.checkpoint import CheckpointError, load_state_file
-    from saorl.config import ConfigError, ModelConfig, load_config
-    from saorl.models.loading import load_policy
+    from saorl.models.loading import load_policy, resolve_device
 
     path = Path(model)
     if path.is_file() and path.suffix == ".pt":
@@ -153,48 +154,61 @@ def _load_model(model: str, max_seq_len: int) -> tuple[nn.Module, Any]:
         state = load_state_file(path)  # refuses a file that would run code
         if not isinstance(state.get("policy"), dict):
             raise CheckpointError(f"{path}: holds no policy weights (not a saorl checkpoint)")
+        # The weights' shape is the run's own, whatever config the evaluation uses.
         policy, tokenizer = load_policy(load_config(run_config).model)
         try:
             policy.load_state_dict(state["policy"])
         except (RuntimeError, ValueError, TypeError) as e:
             why = f"{type(e).__name__}: {str(e)[:300]}"
             raise CheckpointError(f"{path}: its policy does not fit {run_config} ({why})") from None
-        return policy, tokenizer
-    if (path / "final" / "config.json").exists():
-        path = path / "final"
-    name = model if model.startswith("builtin:") else str(path)
-    return load_policy(ModelConfig(name_or_path=name, max_seq_len=max_seq_len))
+    else:
+        if (path / "final" / "config.json").exists():
+            path = path / "final"
+        elif (path / "config.toml").is_file() and not (path / "config.json").exists():
+            raise ConfigError(
+                f"{path}: the run has no final/ policy yet; evaluate one of its checkpoints: "
+                f"saorl eval {path / 'checkpoints' / 'step_X.pt'}"
+            )
+        name = model if model.startswith("builtin:") else str(path)
+        policy, tokenizer = load_policy(cfg.model_copy(update={"name_or_path": name}))
+    return policy.to(resolve_device(cfg.device)), tokenizer
 
 
 def run_eval(
     model: str,
-    env_cfg: Any,
+    cfg: Config,
     *,
     k: int = 1,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 1024,
-    max_seq_len: int = 4096,
     limit: int | None = None,
     base_url: str | None = None,
     api_key: str | None = None,
     concurrency: int = 8,
-    seed: int = 0,
     progress: bool = True,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Evaluate `model` on the held-out problems of `env_cfg`; returns (summary, per-problem).
+    """Evaluate `model` on the held-out problems of the config `cfg`; returns (summary,
+    per-problem rows).
 
-    With `base_url`, `model` is the served model's name and episodes go over HTTP.
+    The problems are `build_env(cfg.env, held_out_only=True)`'s, the first `limit` of them;
+    sampling is `cfg.rollout`'s (temperature, top_p, max_new_tokens, stop), the context
+    `model.max_seq_len`, the seed `run.seed`. With `base_url`, `model` is the served model's
+    name and episodes go over HTTP.
     """
     import concurrent.futures
 
+    import torch
     from rich.progress import Progress
 
     from saorl.envs.factory import build_env
 
-    spec = build_env(env_cfg)
+    env_cfg, roll = cfg.env, cfg.rollout
+    if env_cfg.name == "swe" and env_cfg.swe_source == "generated" and limit:
+        # Generated tasks are made (and validated) on demand; the first N never depend on
+        # how many follow, so only the ones evaluated are made.
+        env_cfg = env_cfg.model_copy(update={"eval_size": min(limit, env_cfg.eval_size)})
+    spec = build_env(env_cfg, held_out_only=True)
     problems = list(spec.task.held_out)[: limit or None]
     jobs = [p for p in problems for _ in range(k)]
+    stop = (*spec.stop, *roll.stop)
     with Progress(disable=not progress, transient=True) as bar:
         task_id = bar.add_task(f"eval {len(problems)} problems x {k}", total=len(jobs))
 
@@ -207,8 +221,8 @@ def run_eval(
             def one(p: Any) -> Any:
                 ep = chat_episode(base_url, model, spec.make_env(), p,
                                   max_turns=spec.max_turns, max_tool_calls=spec.max_tool_calls,
-                                  stop=spec.stop, temperature=temperature, top_p=top_p,
-                                  max_tokens=max_new_tokens, api_key=api_key)  # fmt: skip
+                                  stop=stop, temperature=roll.temperature, top_p=roll.top_p,
+                                  max_tokens=roll.max_new_tokens, api_key=api_key)  # fmt: skip
                 tick()
                 return ep
 
@@ -216,11 +230,16 @@ def run_eval(
                 episodes = list(pool.map(one, jobs))
             texts = [e.text for e in episodes]
         else:
-            policy, tokenizer = _load_model(model, max_seq_len)
+            torch.manual_seed(cfg.run.seed)  # fixes builtin:tiny's random weights
+            policy, tokenizer = _load_model(model, cfg.model)
             policy.eval()
-            episodes = run_episodes(policy, tokenizer, spec, jobs, max_seq_len=max_seq_len,
-                                    max_new_tokens=max_new_tokens, temperature=temperature,
-                                    top_p=top_p, seed=seed, on_done=tick)  # fmt: skip
+            episodes = run_episodes(policy, tokenizer, spec, jobs,
+                                    max_seq_len=cfg.model.max_seq_len,
+                                    max_new_tokens=roll.max_new_tokens,
+                                    temperature=roll.temperature, top_p=roll.top_p,
+                                    max_concurrent=max(roll.max_concurrent, 256),
+                                    seed=cfg.run.seed, on_done=tick,
+                                    stop=tuple(roll.stop))  # fmt: skip
             texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
     stats = per_problem(episodes, k)  # type: ignore[arg-type]
     rows = []
@@ -229,10 +248,12 @@ def run_eval(
             {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
              e.info.get("tool_calls", 0), "text": txt}
             for e, txt in zip(episodes, texts, strict=True)
-            if e.prompt_key == p.key
+            if e.prompt_key == task_key(p)
         ]  # fmt: skip
-        rows.append({"key": p.key, "prompt": p.prompt, "reference": p.answer,
-                     **stats.get(p.key, {}), "samples": samples})  # fmt: skip
+        # your own tasks need not have a prompt or an answer
+        rows.append({"key": task_key(p), "prompt": getattr(p, "prompt", None),
+                     "reference": getattr(p, "answer", None),
+                     **stats.get(task_key(p), {}), "samples": samples})  # fmt: skip
     n = max(len(rows), 1)
     summary = {
         "model": model,
@@ -243,3 +264,38 @@ def run_eval(
         **{key.removeprefix("eval/"): v for key, v in summarize(episodes).items()},  # type: ignore[arg-type]
     }
     return summary, rows
+
+
+def write_results(
+    model: str, cfg: Config, summary: dict[str, Any], rows: list[dict[str, Any]], out: str | None
+) -> Path:
+    """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path.
+
+    `out` defaults to evals/NAME.jsonl, NAME being the dataset file's stem (env 'math'), the
+    task file's stem or `swe_generated` (env 'swe'), else the env's name (its factory's, for
+    your own env); the summary goes beside it (NAME.summary.json)."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    env = cfg.env
+    name = env.name
+    if env.name == "math":
+        name = Path(env.eval_dataset or env.dataset).stem
+    elif env.name == "swe":  # SWE-bench's name for the success rate
+        name = Path(env.swe_tasks).stem if env.swe_source == "swebench" else "swe_generated"
+        summary = {"resolved_rate": summary["accuracy"], **summary}
+    elif ":" in env.name:  # your own env ('module:attr', 'file.py:attr'): the attribute's name
+        name = env.name.rpartition(":")[2]
+    path = Path(out or f"evals/{name}.jsonl")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
+    table = Table(title=f"saorl eval: {model} on {name}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in summary.items():
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    Console().print(table)
+    return path

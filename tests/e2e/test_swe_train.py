@@ -1,4 +1,4 @@
-"""`saorl train --config examples/swe_lite.toml` and `saorl eval --env swe`, as a user runs
+"""`saorl train --config examples/swe_lite.toml` and `saorl eval` of that run, as a user runs
 them, with tiny budgets: the coding environment's plumbing end to end."""
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ def test_swe_lite_trains_and_evaluates(tmp_path: Path):
 
     out = tmp_path / "evals" / "swe.jsonl"
     ev = subprocess.run(
-        [sys.executable, "-m", "saorl", "eval", str(run), "--env", "swe", "--limit", "1",
-         "--tool-format", "hermes", "--max-seq-len", "2048", "--max-new-tokens", "16",
-         "--max-turns", "2", "--out", str(out)],
+        [sys.executable, "-m", "saorl", "eval", str(run), "--limit", "1",
+         "rollout.max_new_tokens=16", "env.max_turns=2", "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert ev.returncode == 0, ev.stderr[-3000:]

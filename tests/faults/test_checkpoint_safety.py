@@ -108,7 +108,7 @@ def test_eval_refuses_a_malicious_checkpoint(run_dir: Path, tmp_path: Path):
     _write_malicious(evil, marker, "torch.save")
     before = _snapshot(run_dir)
     out = tmp_path / "evals" / "e.jsonl"
-    proc = run_saorl("eval", str(evil), "--env", "arithmetic", "--limit", "2", "--out", str(out))
+    proc = run_saorl("eval", str(evil), "--limit", "2", "--out", str(out))
     _refused(proc, str(evil), marker)
     assert _snapshot(run_dir) == before and not out.exists()
 
@@ -125,8 +125,7 @@ def test_critic_init_from_refuses_a_malicious_file(tmp_path: Path):
 
 def test_eval_checkpoint_without_a_policy(run_dir: Path, tmp_path: Path, capsys):
     ckpt = save_checkpoint(run_dir, 3, {"step": 3})
-    code = main(["eval", str(ckpt), "--env", "arithmetic", "--limit", "2",
-                 "--out", str(tmp_path / "e.jsonl")])  # fmt: skip
+    code = main(["eval", str(ckpt), "--limit", "2", "--out", str(tmp_path / "e.jsonl")])
     err = capsys.readouterr().err
     assert code == 2 and str(ckpt) in err and "no policy" in err and "Traceback" not in err
 

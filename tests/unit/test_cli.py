@@ -142,6 +142,44 @@ def test_config_error_from_loop_exits_2(
     assert "model.name_or_path" in capsys.readouterr().err
 
 
+def _printed_eval_config(capsys: pytest.CaptureFixture[str], *argv: str) -> Config:
+    import tomllib
+
+    assert main(["eval", *argv, "--print-config"]) == 0
+    return Config.model_validate(tomllib.loads(capsys.readouterr().out))
+
+
+def test_eval_config_is_the_runs_own(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "exp1"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "final").mkdir()
+    (run / "config.toml").write_text('[env]\nname = "tool_arithmetic"\neval_size = 16\n')
+    ckpt = run / "checkpoints" / "step_00000002.pt"
+    ckpt.write_bytes(b"")
+    for model in (run, run / "final", ckpt):  # the run, its exported policy, a checkpoint
+        cfg = _printed_eval_config(capsys, str(model))
+        assert (cfg.env.name, cfg.env.eval_size) == ("tool_arithmetic", 16)
+    cfg = _printed_eval_config(capsys, str(run), "env.eval_size=8", "run.seed=3")
+    assert (cfg.env.name, cfg.env.eval_size, cfg.run.seed) == ("tool_arithmetic", 8, 3)
+    other = tmp_path / "other.toml"
+    other.write_text("[rollout]\ntemperature = 0.5\n")
+    cfg = _printed_eval_config(capsys, str(run), "--config", str(other))  # instead of the run's
+    assert (cfg.env.name, cfg.rollout.temperature) == ("arithmetic", 0.5)
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    assert _printed_eval_config(capsys, str(hf)) == Config()  # not a run: the defaults
+
+
+def test_eval_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[env]\neval_size = -1\n")
+    assert main(["eval", "builtin:tiny", "--config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "saorl eval: error: env.eval_size" in err and str(bad) in err
+    assert main(["eval", "builtin:tiny", "rollout.temprature=0.5"]) == 2
+    assert "rollout.temperature" in capsys.readouterr().err  # the did-you-mean
+
+
 def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "train" in capsys.readouterr().err
@@ -150,12 +188,13 @@ def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 _NO_TORCH = """
 import sys
 import saorl.cli
-for argv in (["--help"], ["train", "--help"]):
+for argv in (["--help"], ["train", "--help"], ["eval", "--help"]):
     try:
         saorl.cli.main(argv)
     except SystemExit as exc:
         assert exc.code == 0, exc.code
 assert saorl.cli.main(["train", "--print-config"]) == 0
+assert saorl.cli.main(["eval", "builtin:tiny", "--print-config", "env.eval_size=8"]) == 0
 assert saorl.cli.main(["train", "--help-config"]) == 0
 assert "torch" not in sys.modules, "torch was imported"
 print("NO_TORCH_OK")

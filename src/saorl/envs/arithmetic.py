@@ -24,13 +24,18 @@ class Problem:
 class ArithmeticTask:
     """Addition problems `a+b=` with `0 <= a, b < 10**num_digits`."""
 
-    def __init__(self, num_digits: int = 2, eval_size: int = 256, seed: int = 1234) -> None:
+    def __init__(
+        self, num_digits: int = 2, eval_size: int = 256, seed: int = 1234, train: bool = True
+    ) -> None:
+        """`train=False`: held-out problems only (evaluation), up to every problem there is."""
         if num_digits < 1:
             raise ValueError(f"env.num_digits must be >= 1, got {num_digits}")
         self.num_digits = num_digits
         self.high = 10**num_digits
         total = self.high * self.high
-        if eval_size >= total // 2:
+        if not train:
+            eval_size = min(eval_size, total)
+        elif eval_size >= total // 2:
             raise ValueError(
                 f"env.eval_size={eval_size} leaves too few training problems out of {total}; "
                 f"use at most {total // 2 - 1} or raise env.num_digits"

@@ -68,10 +68,15 @@ def calculate(expr: str) -> str:
 class ToolArithmeticTask:
     """Products `a*b=` of two `num_digits`-digit numbers; a fixed held-out set."""
 
-    def __init__(self, num_digits: int = 2, eval_size: int = 256, seed: int = 1234) -> None:
+    def __init__(
+        self, num_digits: int = 2, eval_size: int = 256, seed: int = 1234, train: bool = True
+    ) -> None:
+        """`train=False`: held-out problems only (evaluation), up to every problem there is."""
         lo, hi = 10 ** (num_digits - 1), 10**num_digits
         pairs = [(a, b) for a in range(lo, hi) for b in range(lo, hi)]
-        if eval_size >= len(pairs) // 2:
+        if not train:
+            eval_size = min(eval_size, len(pairs))
+        elif eval_size >= len(pairs) // 2:
             raise ValueError(f"env.eval_size={eval_size} too large for {num_digits} digits")
         rng = random.Random(seed)
         held = rng.sample(pairs, eval_size)

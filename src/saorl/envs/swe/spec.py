@@ -55,12 +55,13 @@ class GoldDemo:
         return demo
 
 
-def build_swe_spec(cfg: EnvConfig) -> EnvSpec:
+def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
     cache = Path(cfg.swe_cache_dir) if cfg.swe_cache_dir else default_cache_dir()
     if cfg.swe_source == "generated":
         from saorl.envs.swe.gen.generator import generate_pool
 
-        held_out, train = generate_pool(cfg.seed, cfg.eval_size, cfg.swe_num_tasks, cache)
+        num_train = 0 if held_out_only else cfg.swe_num_tasks  # held-out tasks come first
+        held_out, train = generate_pool(cfg.seed, cfg.eval_size, num_train, cache)
     elif cfg.swe_source == "swebench":
         from saorl.envs.swe.swebench import load_swebench
 
@@ -71,6 +72,8 @@ def build_swe_spec(cfg: EnvConfig) -> EnvSpec:
         check_pytest()
         tasks = load_swebench(cfg.swe_tasks, cfg.swe_repos_root, cache)
         n_eval = min(cfg.eval_size, len(tasks))
+        if held_out_only and "eval_size" not in cfg.model_fields_set:
+            n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set
         held_out, train = tasks[len(tasks) - n_eval :], tasks[: len(tasks) - n_eval]
     else:
         raise ConfigError(f"env.swe_source: unknown source {cfg.swe_source!r}")
