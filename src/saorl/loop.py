@@ -35,7 +35,9 @@ from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.rollout.worker import PromptFeed
+from saorl.samples import SAMPLES_FILE, SampleLogger
 from saorl.topology import Topology, build_topology
+from saorl.tracking import check_trackers, open_trackers
 from saorl.types import Batch
 
 
@@ -43,6 +45,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     """Train with `cfg` (continuing the run directory `resume`); the run's summary."""
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
+    check_trackers(cfg.run.trackers)  # a missing package stops the run before anything starts
     placed = build_topology(cfg)
     if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
         return {}
@@ -92,10 +95,12 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
         started = state["data_position"]
         extra = {k: v for k, v in state.items() if k.startswith("initial_eval")}
         truncate_metrics(run_dir / "metrics.jsonl", learner.steps)
+        truncate_metrics(run_dir / SAMPLES_FILE, learner.steps)
     progress = TrainProgress(
         cfg.run.total_steps, enabled=cfg.run.progress, initial_step=learner.steps
     )
-    with progress, MetricsLogger(run_dir) as log:
+    trackers = open_trackers(cfg, run_dir, learner.steps if state is not None else None)
+    with progress, MetricsLogger(run_dir, trackers) as log:
         if state is None:
             if cfg.learner.sft_steps:
                 learner.warm_up(spec, tokenizer, progress)
@@ -143,6 +148,8 @@ def _rl_loop(
                       group_size=group_size)  # fmt: skip
     totals = {"waited_s": 0.0, "dropped": 0}
     metrics: dict[str, Any] = {}
+    samples = SampleLogger(run_dir, tokenizer, cfg.run.log_samples_every,
+                           cfg.run.log_samples_count, cfg.run.total_steps, log)  # fmt: skip
     last_eval = None
     try:
         pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
@@ -168,6 +175,7 @@ def _rl_loop(
             # The metrics row goes first: a kill between the two leaves a row past the newest
             # checkpoint, which resume truncates and redoes; the other order would lose it.
             log.log(metrics)
+            samples.maybe_log(learner.steps, got.trajectories, stale, metrics)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
                 learner.save(run_dir, {**pool.snapshot(), **extra})
@@ -222,6 +230,13 @@ def _rollout_metrics(
     if tools:
         calls = [t.info.get("tool_calls", 0) for t in got.trajectories]
         out["rollout/tool_calls_mean"] = sum(calls) / len(calls)
+    # `env.reward_fns`: each function's mean over the trajectories it scored (not None)
+    scored: dict[str, list[float]] = {}
+    for t in got.trajectories:
+        for key, value in t.info.items():
+            if key.startswith("reward/"):
+                scored.setdefault(key, []).append(value)
+    out.update({key: sum(vs) / len(vs) for key, vs in scored.items()})
     return out
 
 

@@ -1,4 +1,4 @@
-"""Metrics: a JSONL log (always), TensorBoard (when asked) and a progress display.
+"""Metrics: a JSONL log (always), experiment trackers (`saorl.tracking`) and a progress display.
 
 Every run writes `run_dir/metrics.jsonl`, one flat JSON object per `MetricsLogger.log` call with
 namespaced keys (`rollout/reward_mean`, `loss/policy`, ...; docs/design.md section 4, rule 7) and
@@ -18,7 +18,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -53,18 +53,20 @@ def _to_json_value(key: str, value: Any) -> JSONValue:
 
 
 class MetricsLogger:
-    """Appends one JSON line per `log` call to `run_dir/metrics.jsonl`; optional TensorBoard.
+    """Appends one JSON line per `log` call to `run_dir/metrics.jsonl`, and feeds trackers.
 
-    Use as a context manager or call `close()`. With `tensorboard=True` every numeric key is
-    also written as a TensorBoard scalar at global step `metrics["step"]` (or the number of
-    previous `log` calls when there is no `step` field), under `run_dir/tensorboard/`.
+    Use as a context manager or call `close()`. Each tracker (`saorl.tracking.Tracker`:
+    TensorBoard, W&B, MLflow) gets every numeric value of every row (null ones skipped) at
+    global step `metrics["step"]`, or the number of previous `log` calls when there is no
+    `step` field. The logger closes them; leaving its `with` block by an exception closes them
+    as failed.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool = False) -> None:
+    def __init__(self, run_dir: Path, trackers: Sequence[Any] = ()) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
-        self._tb: Any = _tensorboard_writer(self.run_dir / "tensorboard") if tensorboard else None
+        self.trackers = list(trackers)
         _drop_partial_last_line(self.path)
         self._file = self.path.open("a", encoding="utf-8")
         self._calls = 0
@@ -76,22 +78,34 @@ class MetricsLogger:
         row = {str(k): _to_json_value(str(k), v) for k, v in metrics.items()}
         self._file.write(json.dumps(row, allow_nan=False) + "\n")
         self._file.flush()
-        if self._tb is not None:
+        if self.trackers:
             step = row.get("step")
             global_step = step if isinstance(step, int) and not isinstance(step, bool) else None
             global_step = self._calls if global_step is None else global_step
-            for key, value in row.items():
-                if key != "step" and isinstance(value, int | float):
-                    self._tb.add_scalar(key, float(value), global_step=global_step)
+            scalars = {k: float(v) for k, v in row.items()
+                       if k != "step" and isinstance(v, int | float)}  # fmt: skip
+            for tracker in self.trackers:
+                tracker.log_metrics(scalars, global_step)
         self._calls += 1
 
-    def close(self) -> None:
-        """Close the file (and the TensorBoard writer); safe to call twice."""
+    def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
+        """Hand one sample dump (`saorl.samples`) to every tracker, as a table."""
+        for tracker in self.trackers:
+            tracker.log_samples(samples, step)
+
+    def close(self, ok: bool = True) -> None:
+        """Close the file and the trackers (`ok=False`: the run failed); safe to call twice."""
         if not self._file.closed:
             self._file.close()
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        trackers, self.trackers = self.trackers, []
+        errors = []
+        for tracker in trackers:  # one tracker failing to close must not leave the others open
+            try:
+                tracker.close(ok)
+            except Exception as exc:
+                errors.append(exc)
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> Self:
         return self
@@ -102,17 +116,7 @@ class MetricsLogger:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self.close()
-
-
-def _tensorboard_writer(log_dir: Path) -> Any:
-    try:
-        from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise ImportError(
-            "TensorBoard logging needs the `tensorboard` package: pip install 'saorl[tracking]'"
-        ) from exc
-    return SummaryWriter(log_dir=str(log_dir))
+        self.close(ok=exc_type is None)
 
 
 def _drop_partial_last_line(path: Path) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from saorl.checkpoint import CheckpointError, unsafe_globals
+from saorl.envs.base import task_key
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -130,7 +131,7 @@ class _TaskRefs:
         if self._index is None:  # built once per checkpoint, on the first task
             self._index = {id(t): i for i, t in enumerate(self.train)}
         i = self._index.get(id(task))
-        return task if i is None else {_REF: i, "key": str(getattr(task, "key", ""))}
+        return task if i is None else {_REF: i, "key": task_key(task)}
 
     def decode(self, item: Any) -> Any:
         if not (isinstance(item, dict) and _REF in item):
@@ -139,6 +140,6 @@ class _TaskRefs:
         if not isinstance(i, int) or not 0 <= i < len(self.train):
             raise _StaleTaskError(f"training task {i} of {len(self.train)} is gone")
         task = self.train[i]
-        if str(getattr(task, "key", "")) != key:
-            raise _StaleTaskError(f"training task {i} was {key!r}, is now {task.key!r}")
+        if task_key(task) != key:
+            raise _StaleTaskError(f"training task {i} was {key!r}, is now {task_key(task)!r}")
         return task

@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests._tracker_readers import metric_series, tb_scalars
+
 REQUIRED_KEYS = {
     "step", "rollout/reward_mean", "loss/policy", "loss/value", "dis/masked_frac",
     "value/explained_variance", "critic/grad_norm", "async/staleness_mean",
@@ -41,6 +45,12 @@ def test_saorl_train_console_script(tmp_path: Path):
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2, 3]
     assert (run / "config.toml").exists() and (run / "report.png").exists()
     assert list((run / "checkpoints").glob("step_*.pt"))
+    # Default trackers: TensorBoard holds every metrics.jsonl scalar; samples at the last step.
+    tb, want = tb_scalars(run / "tensorboard"), metric_series(rows)
+    assert {k: set(v) for k, v in tb.items()} == {k: set(v) for k, v in want.items()}
+    assert all(tb[k][s] == pytest.approx(v, rel=1e-6) for k in want for s, v in want[k].items())
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["index"]) for r in samples] == [(3, i) for i in range(4)]
 
 
 def test_saorl_train_bad_override_is_a_clear_error(tmp_path: Path):

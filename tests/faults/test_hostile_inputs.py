@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,8 +60,28 @@ def test_bad_config_file(tmp_path: Path, capsys, content: bytes, message: str):
         # valid JSON that Python's parser still rejects (RecursionError, ValueError)
         (b'{"problem": "1+1", "answer": "2"}\n' + b"[" * 100_000 + b"\n", "line 2: unreadable"),
         (b'{"problem": "1+1", "answer": ' + b"1" * 5000 + b"}\n", "line 1: unreadable JSON"),
+        # TRL/verl layouts: a conversation that does not end with the user, a verl row
+        # without its ground truth
+        (
+            b'{"prompt": [{"role": "user", "content": "1+1"}], "answer": "2"}\n'
+            b'{"prompt": [{"role": "assistant", "content": "2"}], "answer": "2"}\n',
+            "row 2: field 'prompt': the last message is from 'assistant'",
+        ),
+        (
+            b'{"prompt": [{"role": "user", "content": "1+1"}], "reward_model": {"style": "r"}}\n',
+            "row 1: no field 'answer' or 'reward_model.ground_truth'",
+        ),
     ],
-    ids=["truncated", "binary", "missing_answer", "empty", "deeply_nested", "huge_integer"],
+    ids=[
+        "truncated",
+        "binary",
+        "missing_answer",
+        "empty",
+        "deeply_nested",
+        "huge_integer",
+        "conversation_ends_with_assistant",
+        "verl_without_ground_truth",
+    ],
 )
 def test_bad_dataset_file(tmp_path: Path, capsys, content: bytes, message: str):
     path = tmp_path / "data.jsonl"
@@ -76,6 +97,19 @@ def test_unreadable_parquet_dataset(tmp_path: Path, capsys):
     code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={path}", "env.eval_size=1")
     # without pyarrow: "needs pyarrow"; with it: "not readable as Parquet"
     assert code == 2 and "data.parquet" in err and "Parquet" in err
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("saved", [False, True], ids=["plain_directory", "no_datasets_package"])
+def test_dataset_directory_that_cannot_be_read(tmp_path: Path, capsys, monkeypatch, saved: bool):
+    folder = tmp_path / "saved"
+    folder.mkdir()
+    if saved:  # looks like Dataset.save_to_disk output, but `datasets` is not importable
+        (folder / "state.json").write_text("{}")
+        monkeypatch.setitem(sys.modules, "datasets", None)
+    code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={folder}")
+    want = "needs the `datasets` package" if saved else "not one written by Dataset.save_to_disk"
+    assert code == 2 and "saved" in err and want in err
     assert not (tmp_path / "runs").exists()
 
 
@@ -230,8 +264,8 @@ def test_report_on_a_bad_metrics_file(tmp_path: Path, capsys, content: bytes, me
         (["report", "RUN", "--out", "FILE"], "File exists"),
         (["compare", "--arms", "", "--out", "OUT"], "names no arm"),
         (["compare", "--arms", "sao", "--out", "FILE"], "is a file"),
-        (["eval", "builtin:tiny", "--env", "arithmetic", "--k", "0"], "--k must be >= 1"),
-        (["eval", "builtin:tiny", "--env", "arithmetic", "--limit", "-1"], "--limit must be"),
+        (["eval", "builtin:tiny", "--k", "0"], "--k must be >= 1"),
+        (["eval", "builtin:tiny", "--limit", "-1"], "--limit must be"),
         (["value-pretrain", "--rollouts", "1", "--out", "OUT/c.pt"], "--rollouts must be >= 2"),
         (["value-pretrain", "--rollouts", "4", "--out", "RUN"], "is a directory"),
     ],

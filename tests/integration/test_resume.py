@@ -10,11 +10,13 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from saorl.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from saorl.learner import Learner
 from saorl.models.loading import load_policy
+from tests._tracker_readers import metric_series, tb_scalars
 from tests.conftest import tiny_config
 
 TINY = [
@@ -71,6 +73,11 @@ def test_kill_after_checkpoint_then_resume(tmp_path: Path):
     assert after_resume == [killed_at + 1, killed_at + 2, killed_at + 3]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == killed_at + 3
+    # TensorBoard (the default tracker) shows exactly metrics.jsonl: the steps the killed run
+    # logged past its checkpoint are replaced by the resumed run's (purge_step).
+    tb, want = tb_scalars(run_dir / "tensorboard"), metric_series(rows)
+    assert {k: set(v) for k, v in tb.items()} == {k: set(v) for k, v in want.items()}
+    assert all(tb[k][s] == pytest.approx(v, rel=1e-6) for k in want for s, v in want[k].items())
 
 
 def test_restored_weights_equal_saved(tmp_path: Path):

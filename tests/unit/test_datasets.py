@@ -1,7 +1,11 @@
-"""Dataset loading: the real evaluation files in ../shared/data and small files for errors."""
+"""Dataset loading: the packaged evaluation sets (presets) and small files for errors.
+
+Layouts (TRL, verl, dotted keys, saved `datasets` directories) are in test_dataset_layouts.py.
+"""
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -10,6 +14,7 @@ import pytest
 
 from saorl.envs.datasets import (
     DATASET_PRESETS,
+    PACKAGED_DATA,
     DatasetError,
     MathProblem,
     gsm8k_final_answer,
@@ -17,10 +22,8 @@ from saorl.envs.datasets import (
     load_problems,
 )
 
-DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-needs_data = pytest.mark.skipif(
-    not DATA_ROOT.is_dir(), reason=f"evaluation data not found at {DATA_ROOT}"
-)
+# CI keeps a read-only copy of the evaluation sets beside the checkout; users do not have it.
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
 def _write_jsonl(path: Path, rows: list[object]) -> Path:
@@ -29,48 +32,71 @@ def _write_jsonl(path: Path, rows: list[object]) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def _no_data_env(monkeypatch) -> None:
+    monkeypatch.delenv("SAORL_DATA", raising=False)
+
+
 # ---------------------------------------------------------------------------------------------
-# Real files
+# The packaged presets
 
 
-@needs_data
 @pytest.mark.parametrize(
     ("name", "rows", "first_answer"),
-    [("aime24", 30, "204"), ("aime25", 30, "70"), ("math500", 500, None), ("gsm8k", 1319, "18")],
+    [
+        ("aime24", 30, "204"),
+        ("aime25", 30, "70"),
+        ("math500", 500, None),
+        ("gsm8k_test", 1319, "18"),
+    ],
 )
-def test_presets_load_real_files(name: str, rows: int, first_answer: str | None) -> None:
-    problems = load_preset(name, DATA_ROOT)
+def test_presets_load_from_the_package(name: str, rows: int, first_answer: str | None) -> None:
+    problems = load_preset(name)  # no data_root, no $SAORL_DATA: the packaged copies
     assert len(problems) == rows
     assert len({p.key for p in problems}) == rows  # keys identify problems
     assert all(p.prompt.strip() and p.answer.strip() for p in problems)
     if first_answer is not None:
         assert problems[0].answer == first_answer
-    assert problems[0].key.startswith(f"{name}/test.jsonl:")
+    folder = DATASET_PRESETS[name].path.split("/")[0]
+    assert problems[0].key.startswith(f"{folder}/test.jsonl:")  # `.gz` is not part of keys
 
 
-@needs_data
-def test_real_file_details() -> None:
-    gsm = load_preset("gsm8k", DATA_ROOT, limit=5)
+def test_preset_details() -> None:
+    gsm = load_preset("gsm8k_test", limit=5)
     assert len(gsm) == 5 and gsm[0].key == "gsm8k/test.jsonl:0"
     assert gsm[0].prompt.startswith("Janet")
-    assert "####" in gsm[0].raw["answer"]  # the row is kept as it was
+    assert "####" in gsm[0].row["answer"]  # the row is kept as it was
+    assert set(gsm[0].row) == {"question", "answer", "idx"} and gsm[0].messages == ()
     # GSM8K answers with thousands separators lose the commas.
-    big = [p for p in load_preset("gsm8k", DATA_ROOT) if "," in p.raw["answer"].split("####")[-1]]
+    big = [p for p in load_preset("gsm8k_test") if "," in p.row["answer"].split("####")[-1]]
     assert big and all(p.answer.isdigit() or p.answer.lstrip("-").isdigit() for p in big)
-    math500 = load_preset("math500", DATA_ROOT, limit=1)[0]
+    math500 = load_preset("math500", limit=1)[0]
     assert math500.answer == "\\left( 3, \\frac{\\pi}{2} \\right)"
     assert math500.key == "math500/test.jsonl:test/precalculus/807.json"
-    aime24 = load_preset("aime24", DATA_ROOT, limit=1)[0]
+    aime24 = load_preset("aime24", limit=1)[0]
     assert aime24.key == "aime24/test.jsonl:60"
 
 
-@needs_data
-def test_wrong_field_names_on_real_gsm8k() -> None:
+def test_packaged_files_are_the_shared_ones_compressed() -> None:
+    assert sorted(p.relative_to(PACKAGED_DATA).as_posix() for p in PACKAGED_DATA.rglob("*.gz")) == [
+        "aime24/test.jsonl.gz",
+        "aime25/test.jsonl.gz",
+        "gsm8k/test.jsonl.gz",
+        "math500/test.jsonl.gz",
+    ]
+    if not SHARED.is_dir():
+        pytest.skip(f"no shared copy at {SHARED} to compare with")
+    for name in ("aime24", "aime25", "gsm8k", "math500"):
+        packaged = gzip.decompress((PACKAGED_DATA / name / "test.jsonl.gz").read_bytes())
+        assert packaged == (SHARED / name / "test.jsonl").read_bytes(), name
+
+
+def test_wrong_field_names_on_gsm8k() -> None:
     with pytest.raises(DatasetError) as info:
-        load_problems(DATA_ROOT / "gsm8k" / "test.jsonl")
+        load_problems(PACKAGED_DATA / "gsm8k" / "test.jsonl.gz")
     assert str(info.value) == (
-        "gsm8k/test.jsonl row 1: no field 'problem' (fields: question, answer, idx); "
-        "set problem_key"
+        "gsm8k/test.jsonl.gz row 1: no field 'problem' or 'prompt' (fields: question, answer, "
+        "idx); set problem_key"
     )
 
 
@@ -78,18 +104,25 @@ def test_load_preset_data_root_resolution(tmp_path: Path, monkeypatch) -> None:
     _write_jsonl(tmp_path / "aime25" / "test.jsonl", [{"problem": "1+1?", "answer": "2"}])
     monkeypatch.setenv("SAORL_DATA", str(tmp_path))
     assert load_preset("aime25")[0].answer == "2"
+    assert len(load_preset("aime25", PACKAGED_DATA)) == 30  # data_root beats $SAORL_DATA
+    with pytest.raises(FileNotFoundError, match="dataset file not found"):
+        load_preset("math500")  # a root that lacks the file is not mixed with the package
+    # A compressed copy under the data root is read when the plain file is not there.
+    (tmp_path / "math500").mkdir()
+    row = json.dumps({"problem": "2+2?", "answer": "4", "unique_id": "u"}) + "\n"
+    (tmp_path / "math500" / "test.jsonl.gz").write_bytes(gzip.compress(row.encode()))
+    assert [(p.answer, p.key) for p in load_preset("math500")] == [("4", "math500/test.jsonl:u")]
     monkeypatch.setenv("SAORL_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(FileNotFoundError, match=r"nowhere \(\$SAORL_DATA\).*set SAORL_DATA"):
         load_preset("aime25")
     monkeypatch.delenv("SAORL_DATA")
-    monkeypatch.chdir(tmp_path)  # ../shared/data from here does not exist
-    with pytest.raises(FileNotFoundError, match=r"default: \.\./shared/data"):
-        load_preset("aime25")
-    with pytest.raises(FileNotFoundError, match="dataset file not found"):
-        load_preset("math500", tmp_path)
+    monkeypatch.chdir(tmp_path)  # the working directory plays no part any more
+    assert len(load_preset("aime25")) == 30
     with pytest.raises(ValueError, match=r"unknown dataset preset 'aime26'.*aime24"):
         load_preset("aime26", tmp_path)
-    assert set(DATASET_PRESETS) == {"aime24", "aime25", "math500", "gsm8k"}
+    with pytest.raises(ValueError, match=r"unknown dataset preset 'gsm8k'.*gsm8k_test"):
+        load_preset("gsm8k")
+    assert set(DATASET_PRESETS) == {"aime24", "aime25", "math500", "gsm8k_test"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,12 +143,12 @@ def test_field_mapping_extractors_and_limit(tmp_path: Path) -> None:
     assert last_word[4].answer == "4,000" and last_word[4].key == "set/train.jsonl:5"
     assert load_problems(path, "q", "a", limit=0) == []
     p = problems[0]
-    assert p == MathProblem("question 0", "0000", "set/train.jsonl:u0")  # raw is not compared
+    assert p == MathProblem("question 0", "0000", "set/train.jsonl:u0")  # row is not compared
     assert hash(p) == hash(MathProblem("question 0", "0000", "set/train.jsonl:u0"))
     with pytest.raises(AttributeError):
         p.answer = "1"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        p.raw["q"] = "changed"  # type: ignore[index]
+        p.row["q"] = "changed"  # type: ignore[index]
 
 
 def test_gsm8k_extractor() -> None:
@@ -154,10 +187,12 @@ def test_json_array_file(tmp_path: Path) -> None:
         (
             [{"problem": "p", "solution": "s"}],
             {},
-            "d/f.jsonl row 1: no field 'answer' (fields: problem, solution); set answer_key",
+            "d/f.jsonl row 1: no field 'answer' or 'reward_model.ground_truth' (fields: problem, "
+            "solution); set answer_key",
         ),
         ([["p", "1"]], {}, "d/f.jsonl row 1: expected an object, got list"),
         ([{"problem": "", "answer": "1"}], {}, "d/f.jsonl row 1: field 'problem' is not"),
+        ([{"problem": 5, "answer": "1"}], {}, "d/f.jsonl row 1: field 'problem' is int, not text"),
         ([{"problem": "p", "answer": None}], {}, "d/f.jsonl row 1: field 'answer' is NoneType"),
         ([{"problem": "p", "answer": " "}], {}, "d/f.jsonl row 1: empty answer"),
         (
@@ -205,7 +240,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
         load_problems(tmp_path / "missing.jsonl")
     csv = tmp_path / "d" / "f.csv"
     csv.write_text("problem,answer\n")
-    with pytest.raises(DatasetError, match=r"d/f.csv: unsupported file type '.csv'"):
+    with pytest.raises(DatasetError, match=r"d/f.csv: unsupported file type '.csv'; use .jsonl"):
         load_problems(csv)
 
 
@@ -214,7 +249,7 @@ def test_bad_arguments(tmp_path: Path) -> None:
 
 
 def test_parquet_round_trip(tmp_path: Path) -> None:
-    pa = pytest.importorskip("pyarrow", reason="pyarrow not installed (Parquet is optional)")
+    pa = pytest.importorskip("pyarrow", reason="pyarrow not installed (in the dev extra)")
     import pyarrow.parquet as pq
 
     table = pa.table(
@@ -232,10 +267,10 @@ def test_parquet_round_trip(tmp_path: Path) -> None:
         ("2+2?", "4", "pq/test.parquet:1"),
         ("3*3?", "9", "pq/test.parquet:2"),
     ]
-    assert dict(problems[0].raw) == {"question": "2+2?", "answer": "#### 4", "n": 1}
+    assert dict(problems[0].row) == {"question": "2+2?", "answer": "#### 4", "n": 1}
     with pytest.raises(
         DatasetError,
-        match=r"pq/test.parquet row 1: no field 'problem' \(fields: question, answer, n\)",
+        match=r"pq/test.parquet row 1: no field 'problem' or 'prompt' \(fields: question, answer",
     ):
         load_problems(path)
 

@@ -19,7 +19,8 @@ BOUNDARIES = {
     # Tool-running processes import only the sandbox: no torch, no environments.
     "saorl.sandbox": ("torch", "saorl.envs"),
     # The loop and the learner are single-process code; adapters live in saorl.distributed.
-    "saorl.loop": ("ray", "saorl.distributed"),
+    # Tracker packages load only when run.trackers names them.
+    "saorl.loop": ("ray", "saorl.distributed", "wandb", "mlflow", "tensorboardX"),
     "saorl.learner": ("ray", "saorl.distributed"),
     # Configs stay instant to load and print.
     "saorl.config": ("torch",),

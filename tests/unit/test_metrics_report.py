@@ -88,13 +88,6 @@ def test_logger_rejects_non_scalar(tmp_path: Path) -> None:
         log.log({"bad": [1, 2]})
 
 
-def test_tensorboard_missing_names_extra(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # A None entry in sys.modules makes the import fail without importing torch.
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
-    with pytest.raises(ImportError, match=r"saorl\[tracking\]"):
-        MetricsLogger(tmp_path, tensorboard=True)
-
-
 def test_read_metrics_skips_truncated_last_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "loss/po')

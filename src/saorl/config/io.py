@@ -302,6 +302,8 @@ def _type_text(annotation: Any) -> str:
         return " | ".join(_type_text(a) for a in args)
     if origin is list:
         return f"list[{_type_text(args[0])}]"
+    if origin is dict:
+        return "table"
     if annotation is type(None):
         return "None"
     return getattr(annotation, "__name__", str(annotation))
@@ -322,7 +324,15 @@ def _toml_value(value: Any) -> str:
         return _toml_string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):  # an inline table (`env.args`)
+        items = (f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items())
+        return "{" + ", ".join(items) + "}"
     raise TypeError(f"cannot write {type(value).__name__} as TOML: {value!r}")
+
+
+def _toml_key(key: str) -> str:
+    bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
+    return key if bare else _toml_string(key)
 
 
 _ESCAPES = {

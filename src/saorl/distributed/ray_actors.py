@@ -93,14 +93,22 @@ class LearnerActor:
         return self.learner.steps, self.learner.version
 
     # -- saorl.interfaces.Learner, each answered with the counters after it ----------------------
-    def warm_up(self, spec: Any, tokenizer: Any) -> tuple[None, int, int]:
-        return self.learner.warm_up(spec, tokenizer, None), *self.counters()
+    def env_spec(self) -> Any:
+        """The task, built here from env.name (what the driver has may not unpickle here)."""
+        if getattr(self, "_spec", None) is None:
+            from saorl.envs.factory import build_env
+
+            self._spec = build_env(self.cfg.env)
+        return self._spec
+
+    def warm_up(self, tokenizer: Any) -> tuple[None, int, int]:
+        return self.learner.warm_up(self.env_spec(), tokenizer, None), *self.counters()
 
     def load_critic(self, path: str) -> tuple[None, int, int]:
         return self.learner.load_critic(path), *self.counters()
 
-    def evaluate(self, spec: Any, tokenizer: Any) -> tuple[dict[str, float], int, int]:
-        return self.learner.evaluate(spec, tokenizer), *self.counters()
+    def evaluate(self, tokenizer: Any) -> tuple[dict[str, float], int, int]:
+        return self.learner.evaluate(self.env_spec(), tokenizer), *self.counters()
 
     def step(self, batch: Batch) -> tuple[dict[str, Any], int, int]:
         return self.learner.step(batch), *self.counters()

@@ -169,15 +169,17 @@ class RayLearner:
         return result
 
     # -- saorl.interfaces.Learner ----------------------------------------------------------------
+    # `spec` stays here: the actor builds its own from env.name (`build_env`), as rollout
+    # actors do, since a user's environment may hold objects only importable through it.
     def warm_up(self, spec: Any, tokenizer: Any, progress: Any) -> None:
         """In the learner actor; its progress is not shown here."""
-        self._ask(self.actor.warm_up.remote(spec, tokenizer))
+        self._ask(self.actor.warm_up.remote(tokenizer))
 
     def load_critic(self, path: str) -> None:
         self._ask(self.actor.load_critic.remote(path))
 
     def evaluate(self, spec: Any, tokenizer: Any) -> dict[str, float]:
-        return self._ask(self.actor.evaluate.remote(spec, tokenizer))
+        return self._ask(self.actor.evaluate.remote(tokenizer))
 
     def step(self, batch: Batch) -> dict[str, Any]:
         return self._ask(self.actor.step.remote(batch))

@@ -14,7 +14,7 @@ from `env.name` by `saorl.envs.factory.build_env`.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +37,7 @@ class Env(Protocol):
 
     # True: `reset`/`step` do real work (tool calls, grading runs) and run on an event loop in a
     # helper thread while decoding goes on; False: cheap, run inline (deterministic runs).
+    # An environment without the attribute is treated as True.
     offload: bool
 
     async def reset(self, task: Any) -> list[Message]:
@@ -50,10 +51,42 @@ class Env(Protocol):
 
 @dataclass
 class EnvSpec:
-    task: Any  # .sample(rng) -> problem; .held_out -> list of problems (.prompt/.answer/.key)
+    """What the loop needs from a task; your own `env.name` factory returns one.
+
+    `task`: `.sample(rng)` -> a training task, `.held_out` -> the evaluation tasks (a
+    `TaskList` of two lists will do). A task is whatever `reset` takes; a `.key` (a stable id)
+    lets per-prompt baselines and per-problem evaluation tell tasks apart. `demo(task, rng)`:
+    a supervised demonstration as `(text, trained)` segments, the first one the prompt, for
+    `learner.sft_steps` (EOS follows the last segment).
+    """
+
+    task: Any
     make_env: Callable[[], Env]
-    max_turns: int
-    max_tool_calls: int
-    stop: tuple[str, ...]
+    max_turns: int = 1
+    max_tool_calls: int = 0
+    stop: tuple[str, ...] = ()  # strings that end a model turn (kept in the turn's text)
     demo: Callable[[Any, random.Random], Segments] | None = None
     step_timeout_s: float = 600.0  # env.step_timeout_s
+
+
+def task_key(task: Any) -> str:
+    """A task's stable id: its `.key`, else a mapping's "key" or "id", else the task itself
+    (a `str` or `int` task) or its repr."""
+    key = getattr(task, "key", None)
+    if key is None and isinstance(task, Mapping):
+        key = task.get("key", task.get("id"))
+    if key is None:
+        key = task if isinstance(task, str | int) else repr(task)
+    return str(key)
+
+
+class TaskList:
+    """Training tasks sampled uniformly from a list, and a separate held-out list."""
+
+    def __init__(self, train: Sequence[Any], held_out: Sequence[Any]) -> None:
+        self.train, self.held_out = list(train), list(held_out)
+
+    def sample(self, rng: random.Random) -> Any:
+        if not self.train:
+            raise ValueError("TaskList: no training tasks to sample")
+        return rng.choice(self.train)

@@ -8,14 +8,15 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
+from saorl.config.runtime import BUILTIN_ENVS
 from saorl.envs.base import EnvSpec
 
 
 class DatasetTask:
     """Training problems sampled uniformly from a list, with a separate held-out list."""
 
-    def __init__(self, train: list[Any], held_out: list[Any]) -> None:
-        if not train:
+    def __init__(self, train: list[Any], held_out: list[Any], need_train: bool = True) -> None:
+        if need_train and not train:
             raise ConfigError("env.dataset: no training problems left after the held-out split")
         self.train, self.held_out = train, held_out
 
@@ -23,31 +24,49 @@ class DatasetTask:
         return rng.choice(self.train)
 
 
-def _load(cfg: EnvConfig, name_or_path: str) -> list[Any]:
+def _load(cfg: EnvConfig, key: str) -> list[Any]:
+    """The problems of `env.<key>` (`dataset` or `eval_dataset`): a preset or a file."""
     from saorl.envs.datasets import DATASET_PRESETS, load_preset, load_problems
 
+    name_or_path = getattr(cfg, key)
     if name_or_path in DATASET_PRESETS:
         return load_preset(name_or_path, cfg.data_root or None)
-    if not Path(name_or_path).is_file():
+    if not Path(name_or_path).exists():
         raise ConfigError(
-            f"env.dataset: {name_or_path!r} is neither a preset ({', '.join(DATASET_PRESETS)}) "
-            "nor a file"
+            f"env.{key}: {name_or_path!r} is neither a preset ({', '.join(DATASET_PRESETS)}) "
+            "nor a file or directory"
         )
     extractor = None if cfg.answer_extractor == "none" else cfg.answer_extractor
-    return load_problems(name_or_path, cfg.problem_key, cfg.answer_key, extractor)
+    # User reward functions replace the grader: rows need no reference answer then.
+    return load_problems(name_or_path, cfg.problem_key, cfg.answer_key, extractor,
+                         require_answer=not cfg.reward_fns)  # fmt: skip
 
 
-def build_env(cfg: EnvConfig) -> EnvSpec:
-    spec = _build_env(cfg)
+def _ungraded(response: str, reference: str) -> float:
+    """The math grader's stand-in when `env.reward_fns` score the episode instead."""
+    return 0.0
+
+
+def build_env(cfg: EnvConfig, *, held_out_only: bool = False) -> EnvSpec:
+    """The environment of `cfg`. `held_out_only` (`saorl eval`) builds only what evaluation
+    needs: no training problems are required or made, a generated task's held-out set may take
+    every problem there is, and a file of evaluation problems (`env.eval_dataset`, a
+    SWE-bench `env.swe_tasks`) is taken whole unless the config sets `env.eval_size` (a run's
+    saved config.toml always does: its own held-out set)."""
+    spec = _build_env(cfg, held_out_only)
     spec.step_timeout_s = cfg.step_timeout_s
+    if cfg.reward_fns:
+        from saorl.envs.rewards import with_reward_fns
+
+        spec = with_reward_fns(spec, cfg)
     return spec
 
 
-def _build_env(cfg: EnvConfig) -> EnvSpec:
+def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     if cfg.name == "arithmetic":
         from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 
-        task = ArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed)
+        task = ArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed, train=not held_out_only)
         return EnvSpec(
             task,
             ArithmeticEnv,
@@ -59,7 +78,7 @@ def _build_env(cfg: EnvConfig) -> EnvSpec:
     elif cfg.name == "tool_arithmetic":
         from saorl.envs.tool_arithmetic import STOP, ToolArithmeticEnv, ToolArithmeticTask
 
-        task = ToolArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed)
+        task = ToolArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed, train=not held_out_only)
         return EnvSpec(
             task,
             ToolArithmeticEnv,
@@ -72,14 +91,23 @@ def _build_env(cfg: EnvConfig) -> EnvSpec:
         from saorl.envs.math_tool import MathToolEnv
         from saorl.rollout.tools import stop_strings
 
-        problems = _load(cfg, cfg.dataset)
-        if cfg.eval_dataset:
-            train, held_out = problems, _load(cfg, cfg.eval_dataset)[: cfg.eval_size]
+        if cfg.eval_dataset and held_out_only:
+            size = cfg.eval_size if "eval_size" in cfg.model_fields_set else None
+            train, held_out = [], _load(cfg, "eval_dataset")[:size]
+        elif cfg.eval_dataset:
+            train, held_out = _load(cfg, "dataset"), _load(cfg, "eval_dataset")[: cfg.eval_size]
         else:
+            problems = _load(cfg, "dataset")
             train, held_out = problems[: -cfg.eval_size], problems[-cfg.eval_size :]
         return EnvSpec(
-            DatasetTask(train, held_out),
-            lambda: MathToolEnv(fmt=cfg.tool_format, use_tool=cfg.use_tool),
+            DatasetTask(train, held_out, need_train=not held_out_only),
+            lambda: MathToolEnv(
+                fmt=cfg.tool_format,
+                use_tool=cfg.use_tool,
+                system_prompt=cfg.system_prompt,
+                instructions=cfg.instructions,
+                **({"grader": _ungraded} if cfg.reward_fns else {}),
+            ),
             max_turns=cfg.max_turns if cfg.use_tool else 1,
             max_tool_calls=cfg.max_tool_calls if cfg.use_tool else 0,
             stop=tuple(stop_strings(cfg.tool_format)) if cfg.use_tool else (),
@@ -87,5 +115,9 @@ def _build_env(cfg: EnvConfig) -> EnvSpec:
     elif cfg.name == "swe":
         from saorl.envs.swe.spec import build_swe_spec
 
-        return build_swe_spec(cfg)
+        return build_swe_spec(cfg, held_out_only)
+    elif cfg.name not in BUILTIN_ENVS:  # your own: 'package.module:attr' or 'file.py:attr'
+        from saorl.envs.custom import build_custom_env
+
+        return build_custom_env(cfg, held_out_only)
     raise ConfigError(f"env.name: unknown environment {cfg.name!r}")

@@ -47,9 +47,13 @@ class MathToolEnv:
         grader: Callable[[str, str], float] = _default_grader,
         observation_role: str = "tool",
         use_tool: bool = True,
+        system_prompt: str = "",
+        instructions: bool = True,
     ) -> None:
         self.fmt = fmt
         self.use_tool = use_tool
+        self.system_prompt = system_prompt
+        self.instructions = instructions
         self.limits = limits or Limits(wall_s=5.0, cpu_s=5)
         self.max_output_chars = max_output_chars
         self.grader = grader
@@ -57,14 +61,26 @@ class MathToolEnv:
         self.task: Any = None
 
     async def reset(self, task: Any) -> list[Message]:
+        """The opening messages: the task's own chat messages when it has them (a
+        conversational dataset row), else one user message with its prompt; the instructions
+        go before the last user message's text; `system_prompt` opens the conversation unless
+        the task's messages bring their own system message."""
         self.task = task
-        if not self.use_tool:
+        if not self.instructions:
+            instructions = ""
+        elif not self.use_tool:
             instructions = NO_TOOL_INSTRUCTIONS
         elif self.fmt == "code":
             instructions = CODE_INSTRUCTIONS
         else:
             instructions = HERMES_INSTRUCTIONS
-        return [{"role": "user", "content": instructions + task.prompt}]
+        messages = [dict(m) for m in getattr(task, "messages", ())]
+        if not messages:
+            messages = [{"role": "user", "content": task.prompt}]
+        messages[-1]["content"] = instructions + messages[-1]["content"]
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
 
     def _observe(self, text: str, **info: Any) -> StepResult:
         if self.fmt == "code":

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.envs.base import Env
+from saorl.envs.base import Env, task_key
 
 
 @dataclass
@@ -101,4 +101,4 @@ def chat_episode(
     finally:
         loop.close()
     info.update({"turns": turns, "tool_calls": tool_calls})
-    return TextEpisode(getattr(task, "key", ""), reward, reason, "\n".join(texts), info)
+    return TextEpisode(task_key(task), reward, reason, "\n".join(texts), info)

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from saorl.envs.base import Env, StepResult
+from saorl.envs.base import Env, StepResult, task_key
 from saorl.rollout.agent import ChatCodec, Episode
 from saorl.rollout.engine import Completion, Engine, GenerationRequest
 from saorl.types import Trajectory
@@ -210,7 +210,7 @@ class RolloutWorker:
 
     # -- episodes ----------------------------------------------------------------------------
     def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
-        if not env.offload:
+        if not getattr(env, "offload", True):  # unset (user envs): off the decoding thread
             fut: concurrent.futures.Future = concurrent.futures.Future()
             try:
                 # An awaiting hang times out here; a CPU-bound one cannot (inline envs must be
@@ -271,7 +271,7 @@ class RolloutWorker:
     def _emit(self, ep: Episode, reason: str) -> None:
         self.active -= 1
         self.episodes.pop(id(ep), None)
-        self.out.put(ep.finish(reason, key=getattr(ep.task, "key", "")))
+        self.out.put(ep.finish(reason, key=task_key(ep.task)))
 
     def _on_turn(self, c: Completion) -> None:
         ep: Episode = c.request.payload

@@ -1,0 +1,164 @@
+"""The Python API (`saorl.train`, `saorl.evaluate`) for notebooks and scripts.
+
+    import saorl
+    summary = saorl.train({"run.total_steps": 60}, env="examples/custom_env.py:guessing")
+    summary = saorl.train("my.toml", env=MyEnv, overrides=["learner.lr=1e-5"])
+
+`config` is what `saorl train` reads, in any of these forms: None (the defaults), a `Config`,
+the path of a TOML file, or a dict, either nested (`{"run": {"total_steps": 60}}`) or with
+dotted keys (`{"run.total_steps": 60}`). `overrides` go on top: a dict of the same shape or
+`section.field=value` strings as on the command line. `env` sets `env.name`: a string as in
+a config file, or the object itself: a factory returning an `EnvSpec`, an Env class with a
+`tasks()` classmethod, or an `EnvSpec`.
+
+An object other processes can import (a module on sys.path, a file loaded through a
+`file.py:attr` string) is stored as its import path, so the run's config.toml, a resume and
+Ray actors find it. Any other object (defined in a notebook or a `__main__` script, an
+`EnvSpec` instance) lives only in this process: training with it works in one process, and
+`ray.enabled` refuses it with a `ConfigError` that says to name it by a string instead.
+Ray pickling of such objects is not attempted: closures over notebook state rarely survive it.
+
+Errors are raised, not turned into exit codes: `ConfigError` for a bad input.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from saorl.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_toml,
+    load_config,
+    parse_override,
+)
+from saorl.config.runtime import reference_kind
+
+ConfigLike = Config | str | os.PathLike[str] | Mapping[str, Any] | None
+Overrides = Mapping[str, Any] | Sequence[str] | None
+
+
+def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any = None) -> Config:
+    """A validated `Config` from any of the forms `train` accepts."""
+    if config is None:
+        data: dict[str, Any] = {}
+    elif isinstance(config, Config):
+        data = tomllib.loads(config_to_toml(config))
+    elif isinstance(config, str | os.PathLike):
+        data = tomllib.loads(config_to_toml(load_config(Path(config))))
+    elif isinstance(config, Mapping):
+        data = _merge({}, config)
+    else:
+        raise ConfigError(f"config: a Config, a TOML path or a dict, not a {type(config).__name__}")
+    if isinstance(overrides, Mapping):
+        data = _merge(data, overrides)
+    elif overrides is not None:
+        if isinstance(overrides, str):
+            overrides = [overrides]
+        for item in overrides:
+            section, name, value = parse_override(item)
+            data.setdefault(section, {})[name] = value
+    if env is not None:
+        data = _merge(data, {"env.name": env if isinstance(env, str) else _env_name(env)})
+    return config_from_dict(data)
+
+
+def _env_name(obj: Any) -> str:
+    from saorl.envs.custom import register_object
+
+    return register_object(obj)
+
+
+def _merge(data: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
+    """`updates` (nested sections or dotted `section.field` keys) applied to a copy of `data`."""
+    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
+    for key, value in updates.items():
+        section, dot, name = str(key).partition(".")
+        if dot:
+            table = out.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{section}: must be a table, got {table!r}")
+            table[name] = value
+        elif isinstance(value, Mapping):
+            table = out.setdefault(section, {})
+            if not isinstance(table, dict):
+                raise ConfigError(f"{section}: must be a table, got {table!r}")
+            table.update(value)
+        else:
+            raise ConfigError(
+                f"config key {key!r}: use 'section.field' (e.g. 'run.total_steps') or a "
+                "nested {section: {field: value}} dict"
+            )
+    return out
+
+
+def train(
+    config: ConfigLike = None,
+    *,
+    env: Any = None,
+    overrides: Overrides = None,
+    resume: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Train as `saorl train` does; returns the run's summary (also in RUN_DIR/summary.json).
+
+    `resume`: continue that run directory; its config.toml is the base config when `config`
+    is None (pass `env=` again if the run was started with an object).
+    """
+    if resume is not None:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"resume: run directory not found: {run_dir}")
+        if config is None and (run_dir / "config.toml").is_file():
+            config = run_dir / "config.toml"
+    cfg = make_config(config, overrides, env)
+    if cfg.ray.enabled and reference_kind(cfg.env.name) == "object":
+        raise ConfigError(
+            f"env: {cfg.env.name!r} is an object of this process, which Ray actors cannot "
+            "rebuild; with ray.enabled name it by a string: 'package.module:attr' or "
+            "'path/to/file.py:attr'"
+        )
+    from saorl.loop import train_from_config  # imports torch: only when a run starts
+
+    return train_from_config(cfg, resume=None if resume is None else str(resume))
+
+
+def evaluate(
+    model: str | os.PathLike[str],
+    config: ConfigLike = None,
+    *,
+    env: Any = None,
+    overrides: Overrides = None,
+    k: int = 1,
+    limit: int | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Evaluate as `saorl eval MODEL` does; returns its summary (pass@1, pass@k, accuracy...).
+
+    `model`: a run directory, one of its checkpoints, a Hugging Face directory, `builtin:tiny`,
+    or with `base_url` a served model's name. `config` defaults to the run's config.toml when
+    `model` belongs to a run, else the defaults. `out`: also write the per-problem JSONL and
+    the summary there, and print the table, as the command does.
+    """
+    from saorl.cli import _run_config  # the command's own rule for "the run's config"
+
+    for name, value in (("k", k), ("limit", limit)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
+    if config is None:
+        config = _run_config(Path(model))
+    cfg = make_config(config, overrides, env)
+    from saorl.evaluation import run_eval, write_results  # imports torch
+
+    summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,
+                             api_key=api_key, progress=progress)  # fmt: skip
+    if out is not None:
+        write_results(str(model), cfg, summary, rows, str(out))
+    return summary

@@ -1,0 +1,120 @@
+"""Sample dumps: a few trained trajectories, decoded, every `run.log_samples_every` steps.
+
+A dump is due at every multiple of `run.log_samples_every` and at the run's last step (so a
+run with sample logging on always ends with one). It takes the first `run.log_samples_count`
+trajectories of that step's batch (completion order) and appends one JSON object per trajectory
+to `run_dir/samples.jsonl`:
+
+    step, index (row in the batch), prompt (decoded), turns ([{role, text}]: "model" for the
+    tokens the policy wrote, "observation" for tool and environment output, from the loss
+    mask), reward, staleness (policy versions, as trained), stop_reason, prompt_key, group_id,
+    action_tokens, observation_tokens, versions ([oldest, newest] policy version of its action
+    tokens), info (the agent loop's scalars: turns, tool_calls, ...), batch_advantage (the
+    step's `advantage/*` metrics: per-row advantages stay on the learner, and fetching them
+    would cost a device sync per step)
+
+and hands the same rows to the trackers as a table (`MetricsLogger.log_samples`). A resumed
+run drops the rows past its checkpoint first, as it does for metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from saorl.metrics import MetricsLogger
+from saorl.types import Trajectory
+
+SAMPLES_FILE = "samples.jsonl"
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    # Special tokens stay visible: an <eos> (or its absence) is part of what the policy did.
+    return str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
+def _finite(value: Any) -> Any:
+    """NaN and inf as None (JSON has neither); anything else as it is."""
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | int | float | bool)
+
+
+def split_turns(tokenizer: Any, traj: Trajectory) -> list[dict[str, str]]:
+    """The completion as alternating runs of model and observation tokens, decoded."""
+    turns: list[dict[str, str]] = []
+    start = 0
+    ids, mask = traj.completion_ids, traj.loss_mask
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            role = "model" if mask[start] else "observation"
+            turns.append({"role": role, "text": _decode(tokenizer, ids[start:i])})
+            start = i
+    return turns
+
+
+def sample_row(
+    tokenizer: Any,
+    traj: Trajectory,
+    step: int,
+    index: int,
+    staleness: int,
+    batch_metrics: Mapping[str, Any],
+) -> dict[str, Any]:
+    """One samples.jsonl object (module docstring)."""
+    versions = [v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m]
+    return {
+        "step": step,
+        "index": index,
+        "prompt": _decode(tokenizer, traj.prompt_ids),
+        "turns": split_turns(tokenizer, traj),
+        "reward": _finite(float(traj.reward)),
+        "staleness": int(staleness),
+        "stop_reason": traj.stop_reason,
+        "prompt_key": traj.prompt_key,
+        "group_id": traj.group_id,
+        "action_tokens": traj.num_action_tokens,
+        "observation_tokens": len(traj.loss_mask) - traj.num_action_tokens,
+        "versions": [min(versions), max(versions)] if versions else None,
+        "info": {k: _finite(v) for k, v in traj.info.items() if _scalar(v)},
+        "batch_advantage": {
+            k.removeprefix("advantage/"): _finite(v)
+            for k, v in batch_metrics.items()
+            if k.startswith("advantage/")
+        },
+    }
+
+
+class SampleLogger:
+    """Writes the sample dumps of a run (`run.log_samples_every`, `run.log_samples_count`)."""
+
+    def __init__(self, run_dir: Path, tokenizer: Any, every: int, count: int, last_step: int,
+                 log: MetricsLogger) -> None:  # fmt: skip
+        self.path = Path(run_dir) / SAMPLES_FILE
+        self.tokenizer, self.every, self.count, self.log = tokenizer, every, count, log
+        self.last_step = last_step
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and (step % self.every == 0 or step == self.last_step)
+
+    def maybe_log(
+        self,
+        step: int,
+        trajectories: Sequence[Trajectory],
+        staleness: Sequence[int],
+        batch_metrics: Mapping[str, Any],
+    ) -> list[dict[str, Any]]:
+        """At a due step: the dump's rows, appended to samples.jsonl and sent to the trackers."""
+        if not self.due(step):
+            return []
+        rows = [sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics)
+                for i, t in enumerate(trajectories[: self.count])]  # fmt: skip
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
+        self.log.log_samples(rows, step)
+        return rows
