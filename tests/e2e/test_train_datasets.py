@@ -56,3 +56,15 @@ def test_train_on_a_verl_parquet_file(tmp_path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows), path)
     summary = _train(tmp_path, path, "env.instructions=false", "env.system_prompt=Be brief.")
     assert summary["steps"] == 2
+
+
+def test_train_math_with_python_function_tools(tmp_path: Path) -> None:
+    (tmp_path / "tools.py").write_text(
+        "def add(a: int, b: int) -> int:\n    '''Add two integers.'''\n    return a + b\n"
+    )
+    path = tmp_path / "plain.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(12)))  # fmt: skip
+    summary = _train(tmp_path, path, "env.use_tool=true", "env.tool_format=hermes",
+                     f'env.tools=["{tmp_path / "tools.py"}:add"]')  # fmt: skip
+    assert summary["steps"] == 2

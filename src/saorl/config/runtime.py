@@ -79,6 +79,19 @@ class EnvConfig(_Section):
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (chat models); envs "
         "'math' and 'swe'",
     )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="env 'math' with tool_format = 'hermes': Python functions "
+        "'package.module:fn' or 'path/to/file.py:fn' (stored absolute) offered as tools besides "
+        "the sandboxed python tool (use_tool = false: instead of it); schemas come from their "
+        "type hints and docstrings; they run in-process, unsandboxed: your trusted code only",
+    )
+    tool_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="env.tools: seconds one function call may take; a slower one returns an "
+        "error observation, the episode goes on",
+    )
     dataset: str = Field(
         "gsm8k_test",
         description="env 'math': training problems, a preset (aime24, aime25, math500, "
@@ -174,8 +187,18 @@ class EnvConfig(_Section):
     def _check_reward_fns(cls, value: list[str]) -> list[str]:
         return [check_reference(v, builtins=(), what="reward function") for v in value]
 
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        return [check_reference(v, builtins=(), what="tool function") for v in value]
+
     @model_validator(mode="after")
     def _check_custom_fields(self) -> EnvConfig:
+        if self.tools and (self.name != "math" or self.tool_format != "hermes"):
+            raise ValueError(
+                "env.tools is for env.name = 'math' with env.tool_format = 'hermes'; your own "
+                "environment offers functions through saorl.envs.tools.FunctionTools"
+            )
         if self.args and self.name in BUILTIN_ENVS:
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "

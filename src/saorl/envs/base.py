@@ -39,6 +39,9 @@ class Env(Protocol):
     # helper thread while decoding goes on; False: cheap, run inline (deterministic runs).
     # An environment without the attribute is treated as True.
     offload: bool
+    # Optional, not part of the protocol: a `tools` attribute, a list of tool schemas
+    # (`saorl.envs.tools.FunctionTools.schemas`), read after `reset` and passed to the chat
+    # template as `tools=`.
 
     async def reset(self, task: Any) -> list[Message]:
         """The opening messages of the episode (system and user turns)."""

@@ -99,6 +99,17 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
         else:
             problems = _load(cfg, "dataset")
             train, held_out = problems[: -cfg.eval_size], problems[-cfg.eval_size :]
+        functions = None
+        if cfg.tools:
+            from saorl.envs.tools import FunctionTools
+
+            functions = FunctionTools(cfg.tools, timeout_s=cfg.tool_timeout_s)
+            if cfg.use_tool and "python" in functions:
+                raise ConfigError(
+                    "env.tools: a function named 'python' clashes with the sandboxed python "
+                    "tool; rename it or set env.use_tool = false"
+                )
+        tools_on = cfg.use_tool or functions is not None
         return EnvSpec(
             DatasetTask(train, held_out, need_train=not held_out_only),
             lambda: MathToolEnv(
@@ -106,11 +117,12 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
                 use_tool=cfg.use_tool,
                 system_prompt=cfg.system_prompt,
                 instructions=cfg.instructions,
+                functions=functions,
                 **({"grader": _ungraded} if cfg.reward_fns else {}),
             ),
-            max_turns=cfg.max_turns if cfg.use_tool else 1,
-            max_tool_calls=cfg.max_tool_calls if cfg.use_tool else 0,
-            stop=tuple(stop_strings(cfg.tool_format)) if cfg.use_tool else (),
+            max_turns=cfg.max_turns if tools_on else 1,
+            max_tool_calls=cfg.max_tool_calls if tools_on else 0,
+            stop=tuple(stop_strings(cfg.tool_format)) if tools_on else (),
         )
     elif cfg.name == "swe":
         from saorl.envs.swe.spec import build_swe_spec

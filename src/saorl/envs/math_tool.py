@@ -4,6 +4,10 @@ One episode: the problem (with tool instructions) -> model turns; a turn that en
 call gets the sandboxed output back as an observation; a turn without a call is the answer,
 graded 1/0 on its last `\\boxed{}` (`saorl.envs.math_grader`). Malformed calls and calls to
 unknown tools come back as error observations the model can read.
+
+With `env.tools` (hermes format) the model also has your Python functions
+(`saorl.envs.tools.FunctionTools`), offered besides the sandboxed `python` tool or, with
+`env.use_tool = false`, instead of it; their schemas (and python's) go to the chat template.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saorl.envs.base import Message, StepResult
+from saorl.envs.tools import FunctionTools
 from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call
 from saorl.sandbox import Limits, run_python
 
@@ -26,6 +31,23 @@ HERMES_INSTRUCTIONS = (
     '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>; the printed '
     "output comes back to you. Put the final answer in \\boxed{}.\n\n"
 )
+FUNCTION_INSTRUCTIONS = (
+    "Solve the problem. You may call the tools {names} with "
+    '<tool_call>{{"name": "...", "arguments": {{...}}}}</tool_call>; the result comes back to '
+    "you. Put the final answer in \\boxed{{}}.\n\n"
+)
+PYTHON_TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "python",
+        "description": "Run Python code in a sandbox; returns what it prints.",
+        "parameters": {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "the program to run"}},
+            "required": ["code"],
+        },
+    },
+}
 
 
 def _default_grader(response: str, reference: str) -> float:
@@ -49,6 +71,7 @@ class MathToolEnv:
         use_tool: bool = True,
         system_prompt: str = "",
         instructions: bool = True,
+        functions: FunctionTools | None = None,
     ) -> None:
         self.fmt = fmt
         self.use_tool = use_tool
@@ -59,6 +82,11 @@ class MathToolEnv:
         self.grader = grader
         self.observation_role = observation_role
         self.task: Any = None
+        self.functions = functions
+        # Read by the rollout worker and passed to the chat template as `tools=`.
+        self.tools: list[dict[str, Any]] = []
+        if functions is not None:
+            self.tools = ([PYTHON_TOOL_SCHEMA] if use_tool else []) + functions.schemas
 
     async def reset(self, task: Any) -> list[Message]:
         """The opening messages: the task's own chat messages when it has them (a
@@ -68,6 +96,9 @@ class MathToolEnv:
         self.task = task
         if not self.instructions:
             instructions = ""
+        elif self.tools:
+            names = ", ".join(t["function"]["name"] for t in self.tools)
+            instructions = FUNCTION_INSTRUCTIONS.format(names=names)
         elif not self.use_tool:
             instructions = NO_TOOL_INSTRUCTIONS
         elif self.fmt == "code":
@@ -90,12 +121,18 @@ class MathToolEnv:
         )
 
     async def step(self, action_text: str) -> StepResult:
-        call = parse_tool_call(action_text, self.fmt) if self.use_tool else None
+        tools_on = self.use_tool or self.functions is not None
+        call = parse_tool_call(action_text, self.fmt) if tools_on else None
         if call is None:
             reward = await asyncio.to_thread(self.grader, action_text, self.task.answer)
             return StepResult(reward=reward, done=True, info={"answer_text": action_text[-200:]})
         if isinstance(call, ToolCallError):
             return self._observe(f"error: {call.message}", tool_status="malformed")
+        if self.functions is not None and (call.name != "python" or not self.use_tool):
+            text, status = await self.functions.call(call)
+            if status == "unknown_tool" and self.use_tool:
+                text = f"{text}, python"
+            return self._observe(text, tool_status=status, tool=call.name)
         if call.name != "python" or not isinstance(call.arguments.get("code"), str):
             return self._observe(
                 f"error: unknown tool {call.name!r} or missing 'code'; the only tool is "

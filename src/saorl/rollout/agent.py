@@ -37,21 +37,31 @@ class ChatCodec:
         self.tok = tokenizer
         self.templated = bool(getattr(tokenizer, "chat_template", None))
 
-    def _render(self, messages: list[Message], generation_prompt: bool) -> str:
+    def _render(
+        self, messages: list[Message], generation_prompt: bool, tools: list[dict] | None = None
+    ) -> str:
+        # `tools=` only when there are some: a template or tokenizer that predates the
+        # argument renders tool-less prompts exactly as before.
+        extra = {"tools": tools} if tools else {}
         return self.tok.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt, tokenize=False
+            messages, add_generation_prompt=generation_prompt, tokenize=False, **extra
         )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tok.encode(text, add_special_tokens=False))
 
-    def prompt_ids(self, messages: list[Message]) -> list[int]:
+    def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
+        """`tools`: the env's tool schemas, for the chat template (ignored without one)."""
         if self.templated:
-            return self._encode(self._render(messages, True))
+            return self._encode(self._render(messages, True, tools))
         return self._encode("".join(m["content"] for m in messages))
 
     def observation_ids(
-        self, conversation: list[Message], generated_ids: list[int], observations: list[Message]
+        self,
+        conversation: list[Message],
+        generated_ids: list[int],
+        observations: list[Message],
+        tools: list[dict] | None = None,
     ) -> list[int]:
         """Ids that follow the model's last turn: the observations and the next turn's header.
 
@@ -60,17 +70,17 @@ class ChatCodec:
         """
         if not self.templated:
             return self._encode("".join(m["content"] for m in observations))
-        before = self._render(conversation[:-1], True)
+        before = self._render(conversation[:-1], True, tools)
         prefix = before + self.tok.decode(generated_ids, skip_special_tokens=False)
-        full = self._render(conversation + observations, True)
+        full = self._render(conversation + observations, True, tools)
         if full.startswith(prefix):
             return self._encode(full[len(prefix) :])
         # The template rewrites history (e.g. drops reasoning of earlier turns) or closes the
         # turn differently from what was generated: render the observations after a
         # placeholder turn instead. The ids then match how the template formats a new turn.
         stub = [{"role": "user", "content": "x"}]
-        head = self._render(stub, False)
-        return self._encode(self._render(stub + observations, True)[len(head) :])
+        head = self._render(stub, False, tools)
+        return self._encode(self._render(stub + observations, True, tools)[len(head) :])
 
 
 @dataclass
@@ -90,6 +100,7 @@ class Episode:
     reward: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
     group_id: int = -1
+    tools: list[dict] | None = None  # the env's `tools` attribute: schemas for the template
 
     @property
     def ids(self) -> list[int]:

@@ -261,7 +261,9 @@ class RolloutWorker:
             ep = Episode(env, task, [], [], group_id=group_id)
             ep.info["error"] = f"reset: {type(e).__name__}: {e}"
             return self._emit(ep, "env_error")
-        ep = Episode(env, task, list(messages), self.codec.prompt_ids(messages), group_id=group_id)
+        tools = list(getattr(env, "tools", None) or ()) or None  # schemas for the template
+        ids = self.codec.prompt_ids(messages, tools)
+        ep = Episode(env, task, list(messages), ids, group_id=group_id, tools=tools)
         self.episodes[id(ep)] = ep
         if len(ep.prompt_ids) >= self.limits.max_seq_len:
             ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
@@ -296,7 +298,9 @@ class RolloutWorker:
             return self._emit(ep, "max_turns")
         if ep.tool_calls > self.limits.max_tool_calls:
             return self._emit(ep, "max_tool_calls")
-        obs = self.codec.observation_ids(ep.conversation, list(c.token_ids), result.observations)
+        obs = self.codec.observation_ids(
+            ep.conversation, list(c.token_ids), result.observations, ep.tools
+        )
         # Room for the observation and at least one model token, or the episode ends here.
         if len(ep.ids) + len(obs) + 1 > self.limits.max_seq_len:
             return self._emit(ep, "context")

@@ -1,0 +1,228 @@
+"""`env.tools`: schemas from signatures and docstrings, a real chat template rendering them, and
+calls through the `math` env's `step` (results and every kind of error as observations)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Literal, Optional
+
+import pytest
+
+from saorl.config import ConfigError, load_config
+from saorl.envs.factory import build_env
+from saorl.envs.math_tool import MathToolEnv
+from saorl.envs.tools import FunctionTools, function_schema
+
+
+def scale(xs: list[int], factor: float = 2.0, label: Optional[str] = None,  # noqa: UP045
+          mode: Literal["up", "down"] = "up", exact: bool = False) -> str:  # fmt: skip
+    """Scale a list of numbers.
+
+    Each number is multiplied; this line is not part of the first paragraph.
+
+    Args:
+        xs (list[int]): The numbers.
+        factor: How much to multiply by,
+            continued on a second line.
+        label: A name for the result.
+        mode: Which way.
+
+    Returns:
+        The scaled numbers as text.
+    """
+    return str([x * factor for x in xs])
+
+
+def numpy_style(a: int, b: str | None) -> int:
+    """Do a thing
+    in two lines.
+
+    Parameters
+    ----------
+    a : int
+        The first.
+    b : str, optional
+        The second.
+    """
+    return a
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: The first.
+        b: The second.
+    """
+    return a + b
+
+
+def boom(x: int) -> int:
+    """Always fails."""
+    raise ValueError(f"no {x}")
+
+
+def slow() -> str:
+    time.sleep(0.5)
+    return "late"
+
+
+async def aslow() -> str:
+    await asyncio.sleep(5)
+    return "late"
+
+
+async def ahello(name: str) -> str:
+    return f"hello {name}"
+
+
+def test_schema_from_hints_defaults_and_google_docstring() -> None:
+    s = function_schema(scale)
+    assert s["type"] == "function"
+    f = s["function"]
+    assert f["name"] == "scale"
+    assert f["description"] == "Scale a list of numbers."
+    p = f["parameters"]
+    assert p["type"] == "object" and p["required"] == ["xs"]
+    assert p["properties"] == {
+        "xs": {"type": "array", "items": {"type": "integer"}, "description": "The numbers."},
+        "factor": {
+            "type": "number",
+            "description": "How much to multiply by, continued on a second line.",
+        },
+        "label": {"type": "string", "nullable": True, "description": "A name for the result."},
+        "mode": {"type": "string", "enum": ["up", "down"], "description": "Which way."},
+        "exact": {"type": "boolean"},
+    }
+    json.dumps(s)  # the chat template gets plain JSON data
+
+
+def test_schema_from_a_numpy_docstring() -> None:
+    f = function_schema(numpy_style)["function"]
+    assert f["description"] == "Do a thing in two lines."
+    props = f["parameters"]["properties"]
+    assert props["a"] == {"type": "integer", "description": "The first."}
+    assert props["b"] == {"type": "string", "nullable": True, "description": "The second."}
+    assert f["parameters"]["required"] == ["a", "b"]
+
+
+def test_tools_reach_a_real_chat_template() -> None:
+    from saorl.models.tokenizer import build_char_tokenizer
+    from saorl.rollout.agent import ChatCodec
+
+    tok = build_char_tokenizer(with_newlines=True)
+    tok.chat_template = (
+        "{% if tools %}Tools:{% for t in tools %}\n{{ t.function.name }} {{ t | tojson }}"
+        "{% endfor %}\n{% endif %}{% for m in messages %}<{{ m.role }}>{{ m.content }}\n"
+        "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    codec = ChatCodec(tok)
+    tools = FunctionTools([add]).schemas
+    messages = [{"role": "user", "content": "1+2?"}]
+    prompt = tok.decode(codec.prompt_ids(messages, tools))
+    assert prompt.startswith("Tools:add {")  # the template trims newlines after tags
+    assert '"description": "Add two integers."' in prompt
+    assert '"required": ["a", "b"]' in prompt
+    assert tok.decode(codec.prompt_ids(messages)) == "<user>1+2?\n<assistant>"
+    # The observation after a turn is tokenized against the same tool-bearing prompt.
+    turn = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    conversation = [*messages, {"role": "assistant", "content": turn}]
+    obs = codec.observation_ids(
+        conversation, tok.encode(turn + "\n", add_special_tokens=False),
+        [{"role": "tool", "content": "3"}], tools,
+    )  # fmt: skip
+    assert tok.decode(obs) == "<tool>3\n<assistant>"
+
+
+def _step(env: MathToolEnv, call: dict | str) -> tuple[str, dict]:
+    text = call if isinstance(call, str) else f"<tool_call>{json.dumps(call)}</tool_call>"
+    result = asyncio.run(env.step(text))
+    assert not result.done and len(result.observations) == 1
+    assert result.observations[0]["role"] == "tool"
+    return result.observations[0]["content"], result.info
+
+
+def test_math_env_runs_calls_and_reports_every_error() -> None:
+    tools = FunctionTools([add, boom, slow, aslow, ahello], timeout_s=0.2, max_output_chars=10)
+    env = MathToolEnv(fmt="hermes", use_tool=False, functions=tools)
+    assert [t["function"]["name"] for t in env.tools] == tools.names
+    opening = asyncio.run(env.reset(type("P", (), {"prompt": "1+2?", "answer": "3"})()))
+    assert "add, boom, slow, aslow, ahello" in opening[-1]["content"]
+
+    assert _step(env, {"name": "add", "arguments": {"a": 1, "b": 2}}) == (
+        "3", {"tool_call": True, "tool_status": "ok", "tool": "add"})  # fmt: skip
+    assert _step(env, {"name": "ahello", "arguments": {"name": "a" * 20}})[0].startswith(
+        "hello aaaa\n... (16 more characters)"
+    )
+    cases = {
+        "unknown_tool": ({"name": "mul", "arguments": {}}, "unknown tool 'mul'"),
+        "bad_arguments": ({"name": "add", "arguments": {"a": 1}}, "missing argument(s) b"),
+        "error": ({"name": "boom", "arguments": {"x": 7}}, "raised ValueError: no 7"),
+        "timeout": ({"name": "slow", "arguments": {}}, "timed out after 0.2 s"),
+    }
+    for status, (call, message) in cases.items():
+        text, info = _step(env, call)
+        assert text.startswith("error: ") and message in text, text
+        assert info["tool_status"] == status
+    assert _step(env, {"name": "aslow", "arguments": {}})[1]["tool_status"] == "timeout"
+    for args, message in [
+        ({"a": 1, "b": "2"}, "add: b must be an integer"),
+        ({"a": True, "b": 2}, "add: a must be an integer"),
+        ({"a": 1, "b": 2, "c": 3}, "unexpected argument(s) c"),
+    ]:
+        assert message in _step(env, {"name": "add", "arguments": args})[0]
+    assert _step(env, "<tool_call>{oops</tool_call>")[1]["tool_status"] == "malformed"
+    # A turn without a call is the answer.
+    assert asyncio.run(env.step("\\boxed{3}")).reward == 1.0
+
+
+def test_scale_arguments_are_checked_against_the_schema() -> None:
+    tools = FunctionTools([scale])
+    ok = {"xs": [1, 2], "factor": 3, "label": None, "mode": "down"}
+    assert tools.check(_call("scale", ok)) is None
+    assert "xs[1] must be an integer" in tools.check(_call("scale", {"xs": [1, 2.5]}))
+    assert "must be one of ['up', 'down']" in tools.check(_call("scale", {"xs": [], "mode": "x"}))
+
+
+def _call(name: str, args: dict):
+    from saorl.rollout.tools import ToolCall
+
+    return ToolCall(name, args)
+
+
+def test_math_env_keeps_the_sandbox_python_tool_beside_functions(tmp_path: Path) -> None:
+    (tmp_path / "tools.py").write_text(
+        "def add(a: int, b: int) -> int:\n    '''Add.'''\n    return a + b\n"
+    )
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n"
+                            for i in range(4)))  # fmt: skip
+    tools = f'env.tools=["{tmp_path}/tools.py:add"]'
+    cfg = load_config(None, ["env.name=math", "env.tool_format=hermes", f"env.dataset={data}",
+                             "env.eval_size=1", tools])  # fmt: skip
+    spec = build_env(cfg.env)
+    assert spec.stop == ("</tool_call>",) and spec.max_turns == cfg.env.max_turns
+    env = spec.make_env()
+    assert [t["function"]["name"] for t in env.tools] == ["python", "add"]
+    assert _step(env, {"name": "add", "arguments": {"a": 2, "b": 2}})[0] == "4"
+    text, info = _step(env, {"name": "python", "arguments": {"code": "print(6*7)"}})
+    assert "42" in text and info["tool_status"] == "ok"
+    assert "the tools are: add, python" in _step(env, {"name": "nope", "arguments": {}})[0]
+
+
+def test_config_checks_the_tools(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"env.tools is for env.name = 'math'"):
+        load_config(None, ['env.tools=["m:f"]'])
+    with pytest.raises(ConfigError, match=r"env.tools is for env.name = 'math'"):
+        load_config(None, ["env.name=math", 'env.tools=["m:f"]'])
+    with pytest.raises(ConfigError, match="not an import path"):
+        load_config(None, ["env.name=math", "env.tool_format=hermes", 'env.tools=["nope"]'])
+    cfg = load_config(None, ["env.name=math", "env.tool_format=hermes", 'env.tools=["t.py:f"]'])
+    assert cfg.env.tools == [f"{Path.cwd()}/t.py:f"]
+    with pytest.raises(ConfigError, match="file not found"):
+        FunctionTools(cfg.env.tools)
+    with pytest.raises(ConfigError, match="a second tool named 'add'"):
+        FunctionTools([add, add])
