@@ -262,3 +262,14 @@ def test_example_config_lists_every_default():
     # examples/sao.toml documents every field; it must stay loadable and equal to the defaults.
     path = Path(__file__).resolve().parents[2] / "examples" / "sao.toml"
     assert load_config(path) == Config()
+
+
+def test_dataset_paths_are_stored_absolute_presets_are_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}\n")
+    cfg = load_config(None, ["env.dataset=data/train.jsonl", "env.eval_dataset=aime25"])
+    assert cfg.env.dataset == str(tmp_path / "data" / "train.jsonl")
+    assert cfg.env.eval_dataset == "aime25"
+    # A path that does not exist is kept as written, for the loader's error to name.
+    assert load_config(None, ["env.dataset=missing.jsonl"]).env.dataset == "missing.jsonl"

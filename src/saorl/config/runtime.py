@@ -182,6 +182,16 @@ class EnvConfig(_Section):
             )
         return value
 
+    @field_validator("dataset", "eval_dataset", "data_root", "swe_tasks", "swe_repos_root")
+    @classmethod
+    def _absolute_paths(cls, value: str) -> str:
+        # Stored absolute in the run's config.toml, so `--resume` and `saorl eval RUN` from
+        # another directory (and Ray actors) read the same files. Preset names have no '/' or
+        # '.', and a path that does not exist is left for the loader's error to name.
+        if value and ("/" in value or "." in value) and os.path.exists(value):
+            return os.path.abspath(value)
+        return value
+
     @field_validator("reward_fns")
     @classmethod
     def _check_reward_fns(cls, value: list[str]) -> list[str]:
