@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 
 import torch
@@ -120,6 +121,11 @@ def main(out_path: str) -> None:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=2)
     dist.destroy_process_group()
+    # Skip the interpreter's teardown: torch sometimes aborts a rank there ("terminate called
+    # without an active exception") after everything is done, failing a finished job.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
