@@ -15,14 +15,13 @@ import torch
 from torch import nn
 
 from saorl.config import Config, ConfigError
+from saorl.envs.base import Segments
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import encode_prompt
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
     from saorl.metrics import TrainProgress
-
-Segments = list[tuple[str, bool]]  # (text, trained?) pieces of one demonstration
 
 
 def encode_segments(

@@ -92,12 +92,13 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 def _import_nodes(body: list[ast.stmt], lazy: bool) -> list[ast.stmt]:
     """Statements run at import (module level, inside `if`/`try`/`with`/`class`) and, if `lazy`,
-    those in function bodies too; never `if TYPE_CHECKING:` blocks."""
+    those in function bodies and `if TYPE_CHECKING:` blocks too (a type-only cycle is still a
+    definition at the wrong level)."""
     out = []
     for node in body:
         out.append(node)
         if isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
+            if lazy or not _is_type_checking(node.test):
                 out += _import_nodes(node.body, lazy)
             out += _import_nodes(node.orelse, lazy)
         elif isinstance(node, ast.Try):

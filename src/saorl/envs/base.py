@@ -16,12 +16,10 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
-
-if TYPE_CHECKING:
-    from saorl.sft import Segments  # a type only: saorl.sft imports torch
+from typing import Any, Protocol
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
+Segments = list[tuple[str, bool]]  # (text, trained?) pieces of one warm-up demonstration
 
 
 @dataclass

@@ -6,10 +6,9 @@ import json
 import random
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.base import EnvSpec
+from saorl.envs.base import EnvSpec, Segments
 from saorl.envs.swe.env import SweEnv
 from saorl.envs.swe.grading import check_pytest
 from saorl.envs.swe.sandbox_tools import replace_once
@@ -17,9 +16,6 @@ from saorl.envs.swe.task import SweTask, TaskPool
 from saorl.envs.swe.tools import CODE_TAG, ToolRunner, instructions
 from saorl.envs.swe.workspace import default_cache_dir
 from saorl.rollout.tools import ToolFormat, stop_strings
-
-if TYPE_CHECKING:
-    from saorl.sft import Segments  # a type only: saorl.sft imports torch
 
 
 def hermes_call(name: str, **arguments: object) -> str:
