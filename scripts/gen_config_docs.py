@@ -18,11 +18,10 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel
-from pydantic.fields import FieldInfo
 
 from saorl.config import Config
+from saorl.config.io import bounds_text
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "config.md"
@@ -101,27 +100,6 @@ def _type_text(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _range_text(info: FieldInfo) -> str:
-    low = high = None
-    low_open = high_open = False
-    for meta in info.metadata:
-        if isinstance(meta, Gt):
-            low, low_open = meta.gt, True
-        elif isinstance(meta, Ge):
-            low, low_open = meta.ge, False
-        elif isinstance(meta, Lt):
-            high, high_open = meta.lt, True
-        elif isinstance(meta, Le):
-            high, high_open = meta.le, False
-    if low is not None and high is not None:
-        return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return ""
-
-
 def _cell(text: str) -> str:
     """Markdown table cell: one line, pipes escaped, angle brackets escaped outside code."""
     text = " ".join(text.split()).replace("|", "\\|")
@@ -163,7 +141,7 @@ def render() -> str:
         lines += ["| field | type | default | description |", "|---|---|---|---|"]
         for name, field in model.model_fields.items():
             kind = _type_text(field.annotation)
-            bounds = _range_text(field)
+            bounds = bounds_text(field)
             if bounds:
                 kind += f", {bounds}"
             default = field.get_default(call_default_factory=True)

@@ -217,7 +217,8 @@ def _literal_values(info: FieldInfo | None) -> tuple[Any, ...]:
     return get_args(annotation) if get_origin(annotation) is Literal else ()
 
 
-def _range_text(info: FieldInfo) -> str:
+def bounds_text(info: FieldInfo) -> str:
+    """A field's numeric bounds: '[0, 1)', '>= 1', ... ('' when it has none)."""
     low = high = None
     low_open = high_open = False
     for meta in info.metadata:
@@ -230,12 +231,19 @@ def _range_text(info: FieldInfo) -> str:
         elif isinstance(meta, Le):
             high, high_open = meta.le, False
     if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if low is not None:
         return f"{'>' if low_open else '>='} {low:g}"
     if high is not None:
         return f"{'<' if high_open else '<='} {high:g}"
-    return "in range"
+    return ""
+
+
+def _range_text(info: FieldInfo) -> str:
+    bounds = bounds_text(info)
+    if not bounds:
+        return "in range"
+    return f"in {bounds}" if bounds[0] in "[(" else bounds
 
 
 def _show(value: Any) -> str:
