@@ -37,7 +37,7 @@ from saorl.config import (
     load_config,
     parse_override,
 )
-from saorl.config.runtime import reference_kind
+from saorl.config.env import reference_kind
 
 ConfigLike = Config | str | os.PathLike[str] | Mapping[str, Any] | None
 Overrides = Mapping[str, Any] | Sequence[str] | None

@@ -27,6 +27,7 @@ from saorl.config.components import (
     ModelConfig,
     RolloutConfig,
 )
+from saorl.config.env import EnvConfig
 from saorl.config.io import (
     config_from_dict,
     config_to_toml,
@@ -34,7 +35,7 @@ from saorl.config.io import (
     load_config,
     parse_override,
 )
-from saorl.config.runtime import Config, EnvConfig, RayConfig, RunConfig
+from saorl.config.runtime import Config, RayConfig, RunConfig
 
 __all__ = [
     "AlgorithmConfig",

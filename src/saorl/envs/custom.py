@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.config.runtime import OBJECT_PREFIX, reference_kind
+from saorl.config.env import OBJECT_PREFIX, reference_kind
 from saorl.envs.base import EnvSpec, TaskList
 
 _FILE_MODULES: dict[str, str] = {}  # absolute file path -> its module's name in sys.modules

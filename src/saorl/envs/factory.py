@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.config.runtime import BUILTIN_ENVS
+from saorl.config.env import BUILTIN_ENVS
 from saorl.envs.base import EnvSpec
 
 

@@ -1,0 +1,268 @@
+"""The task environment's section (`[env]`) and the references it accepts (built-in names,
+`package.module:attr`, `path/to/file.py:attr`)."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from saorl.config.base import _Section
+
+
+class EnvConfig(_Section):
+    """The task environment."""
+
+    name: str = Field(
+        "arithmetic",
+        description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
+        "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
+        "sandboxed Python tool; 'swe' = fix a repository until its tests pass (shell and edit "
+        "tools, SWE-bench-style grading); or your own: 'package.module:attr' or "
+        "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
+        "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
+    )
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="your own env.name: keyword arguments of its factory (or of the class's "
+        "tasks()), a TOML table, e.g. {max_guesses = 4}",
+    )
+    num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
+    eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
+    seed: int = Field(
+        1234, description="task generator seed; the held-out split never overlaps training"
+    )
+    max_turns: int = Field(
+        4,
+        ge=1,
+        description="model turns per episode (tool tasks and your own Env class; 'arithmetic' "
+        "uses 1)",
+    )
+    max_tool_calls: int = Field(
+        3, ge=0, description="tool calls per episode (tool tasks and your own Env class)"
+    )
+    step_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="seconds an environment reset or step (a tool call, grading) may take; a "
+        "slower one fails its episode (env_error), the run goes on",
+    )
+    reward_fns: list[str] = Field(
+        default_factory=list,
+        description="reward functions 'package.module:fn' or 'path/to/file.py:fn' (stored "
+        "absolute) replacing the env's own reward: each gets completion=, messages= and the "
+        "task's dataset columns as keywords, returns a float or None (skipped)",
+    )
+    reward_weights: list[float] = Field(
+        default_factory=list,
+        description="weight of each of env.reward_fns (same length); [] = all 1.0; the episode "
+        "reward is the weighted sum of the values that are not None",
+    )
+    reward_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="seconds one reward function may take; a slower or raising one fails its "
+        "episode (env_error, not trained on), the run goes on",
+    )
+    use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
+    tool_format: Literal["code", "hermes"] = Field(
+        "code",
+        description="'code' = <python>...</python> blocks (small models; env 'swe': "
+        "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (chat models); envs "
+        "'math' and 'swe'",
+    )
+    tools: list[str] = Field(
+        default_factory=list,
+        description="env 'math' with tool_format = 'hermes': Python functions "
+        "'package.module:fn' or 'path/to/file.py:fn' (stored absolute) offered as tools besides "
+        "the sandboxed python tool (use_tool = false: instead of it); schemas come from their "
+        "type hints and docstrings; they run in-process, unsandboxed: your trusted code only",
+    )
+    tool_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="env.tools: seconds one function call may take; a slower one returns an "
+        "error observation, the episode goes on",
+    )
+    dataset: str = Field(
+        "gsm8k_test",
+        description="env 'math': training problems, a preset (aime24, aime25, math500, "
+        "gsm8k_test: packaged test splits, so training on one is a smoke test) or a path: "
+        ".jsonl/.json/.parquet (.gz too) or a Dataset.save_to_disk directory, in plain, TRL "
+        "or verl layout (docs/datasets.md)",
+    )
+    eval_dataset: str = Field(
+        "",
+        description="env 'math': held-out problems (preset or path); '' = the last eval_size "
+        "rows of `dataset`, which training then never sees",
+    )
+    problem_key: str = Field(
+        "problem",
+        description="env 'math' with a path: the prompt field, text or a list of chat "
+        "messages; dots name nested fields; 'problem' falls back to 'prompt' (TRL, verl)",
+    )
+    answer_key: str = Field(
+        "answer",
+        description="env 'math' with a path: the reference answer field; dots name nested "
+        "fields; 'answer' falls back to 'reward_model.ground_truth' (verl)",
+    )
+    answer_extractor: Literal["none", "gsm8k"] = Field(
+        "none", description="env 'math' with a path: 'gsm8k' takes the answer after '####'"
+    )
+    system_prompt: str = Field(
+        "",
+        description="env 'math': a system message opening each episode; a row whose prompt "
+        "messages have their own system message keeps that one",
+    )
+    instructions: bool = Field(
+        True,
+        description="env 'math': put saorl's instructions (the tool's syntax, answer in "
+        "\\boxed{}) before each problem; false = the dataset's prompt as it is",
+    )
+    data_root: str = Field(
+        "",
+        description="where presets live; '' = $SAORL_DATA if set, else the copies packaged "
+        "with saorl",
+    )
+    swe_source: Literal["generated", "swebench"] = Field(
+        "generated",
+        description="env 'swe': 'generated' = small Python repositories with a bug injected by "
+        "AST mutation (deterministic by env.seed); 'swebench' = the SWE-bench-format file "
+        "env.swe_tasks against checkouts under env.swe_repos_root",
+    )
+    swe_num_tasks: int = Field(
+        64, ge=1, description="env 'swe' generated: training tasks (eval_size more are held out)"
+    )
+    swe_tasks: str = Field(
+        "", description="env 'swe' swebench: path of the SWE-bench-format .jsonl task file"
+    )
+    swe_repos_root: str = Field(
+        "",
+        description="env 'swe' swebench: directory holding the git checkouts, as owner__name, "
+        "owner/name or name",
+    )
+    swe_cache_dir: str = Field(
+        "",
+        description="env 'swe': directory for repository snapshots and episode copies; '' = "
+        "<system temp>/saorl-swe-<uid>",
+    )
+    swe_command_timeout_s: float = Field(
+        10.0, gt=0, description="env 'swe': wall-clock seconds per bash or file-tool call"
+    )
+    swe_test_timeout_s: float = Field(
+        10.0, gt=0, description="env 'swe': seconds per test when grading; slower = 'timeout'"
+    )
+    swe_grade_timeout_s: float = Field(
+        300.0, gt=0, description="env 'swe': wall-clock seconds of one whole grading run"
+    )
+    swe_max_output_chars: int = Field(
+        2000, ge=100, description="env 'swe': characters of tool output shown per call"
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_env_name(cls, value: str) -> str:
+        return check_reference(value, builtins=BUILTIN_ENVS, what="environment")
+
+    @field_validator("args")
+    @classmethod
+    def _check_args(cls, value: dict[str, Any]) -> dict[str, Any]:
+        bad = _not_toml(value)
+        if bad is not None:  # the run's config.toml must hold them
+            raise ValueError(
+                f"values must be TOML data (text, numbers, booleans, lists, tables); {bad}"
+            )
+        return value
+
+    @field_validator("dataset", "eval_dataset", "data_root", "swe_tasks", "swe_repos_root")
+    @classmethod
+    def _absolute_paths(cls, value: str) -> str:
+        # Stored absolute in the run's config.toml, so `--resume` and `saorl eval RUN` from
+        # another directory (and Ray actors) read the same files. Preset names have no '/' or
+        # '.', and a path that does not exist is left for the loader's error to name.
+        if value and ("/" in value or "." in value) and os.path.exists(value):
+            return os.path.abspath(value)
+        return value
+
+    @field_validator("reward_fns")
+    @classmethod
+    def _check_reward_fns(cls, value: list[str]) -> list[str]:
+        return [check_reference(v, builtins=(), what="reward function") for v in value]
+
+    @field_validator("tools")
+    @classmethod
+    def _check_tools(cls, value: list[str]) -> list[str]:
+        return [check_reference(v, builtins=(), what="tool function") for v in value]
+
+    @model_validator(mode="after")
+    def _check_custom_fields(self) -> EnvConfig:
+        if self.tools and (self.name != "math" or self.tool_format != "hermes"):
+            raise ValueError(
+                "env.tools is for env.name = 'math' with env.tool_format = 'hermes'; your own "
+                "environment offers functions through saorl.envs.tools.FunctionTools"
+            )
+        if self.args and self.name in BUILTIN_ENVS:
+            raise ValueError(
+                f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
+                f"the built-in {self.name!r} takes its settings from the other env fields"
+            )
+        if self.reward_weights and len(self.reward_weights) != len(self.reward_fns):
+            raise ValueError(
+                f"env.reward_weights has {len(self.reward_weights)} entries for "
+                f"{len(self.reward_fns)} env.reward_fns; give one weight per function or []"
+            )
+        return self
+
+
+BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "swe")
+# `package.module:attr` / `path/to/file.py:attr`; attr may be dotted (`Class.factory`).
+_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+# What `saorl.train(env=<object>)` stores: an object that lives only in this process.
+OBJECT_PREFIX = "python-object:"
+
+
+def _not_toml(value: Any, where: str = "") -> str | None:
+    """What in `value` TOML cannot hold (None: all of it is TOML data)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            bad = _not_toml(v, f"{where}.{k}" if where else str(k))
+            if bad is not None:
+                return bad
+        return None
+    if isinstance(value, list | tuple):
+        return next((b for i, v in enumerate(value) if (b := _not_toml(v, f"{where}[{i}]"))), None)
+    if isinstance(value, str | bool | int | float):
+        return None
+    return f"{where} is {value!r}"
+
+
+def reference_kind(value: str) -> Literal["module", "file", "object"] | None:
+    """How the string `value` names user code (None: not a reference)."""
+    if value.startswith(OBJECT_PREFIX):
+        return "object"
+    target, sep, attr = value.rpartition(":")
+    if not sep or not _DOTTED.fullmatch(attr):
+        return None
+    if target.endswith(".py"):
+        return "file"
+    return "module" if _DOTTED.fullmatch(target) else None
+
+
+def check_reference(value: str, builtins: tuple[str, ...], what: str) -> str:
+    """`value` if it is a built-in name or a reference; a file reference made absolute
+    against the current directory, so resume and Ray actors find the same file."""
+    if value in builtins:
+        return value
+    kind = reference_kind(value)
+    if kind is None:
+        named = f"a built-in {what} ({', '.join(builtins)}), " if builtins else ""
+        raise ValueError(
+            f"{value!r} is not {named}an import path 'package.module:attr' or a file "
+            "'path/to/file.py:attr'"
+        )
+    if kind == "file":
+        path, _, attr = value.rpartition(":")
+        return f"{os.path.abspath(os.path.expanduser(path))}:{attr}"
+    return value
