@@ -226,3 +226,23 @@ def test_config_checks_the_tools(tmp_path: Path) -> None:
         FunctionTools(cfg.env.tools)
     with pytest.raises(ConfigError, match="a second tool named 'add'"):
         FunctionTools([add, add])
+    llama = load_config(None, ["env.name=math", "env.tool_format=llama3", 'env.tools=["t.py:f"]'])
+    assert llama.env.tool_format == "llama3"
+    with pytest.raises(ConfigError, match="env 'swe' takes 'code' or 'hermes'"):
+        load_config(None, ["env.name=swe", "env.tool_format=llama3"])
+
+
+def test_math_env_in_llama3_format_from_the_config(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n"
+                            for i in range(4)))  # fmt: skip
+    cfg = load_config(None, ["env.name=math", "env.tool_format=llama3", f"env.dataset={data}",
+                             "env.eval_size=1"])  # fmt: skip
+    spec = build_env(cfg.env)
+    assert spec.stop == ("<|eom_id|>",)
+    env = spec.make_env()
+    opening = asyncio.run(env.reset(type("P", (), {"prompt": "1+2?", "answer": "3"})()))
+    assert 'a reply that is only {"name": "python", "parameters"' in opening[-1]["content"]
+    result = asyncio.run(env.step('{"name": "python", "parameters": {"code": "print(6*7)"}}'))
+    assert result.observations[0]["content"].strip() == "42"
+    assert asyncio.run(env.step("\\boxed{3}")).reward == 1.0

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from saorl.rollout.tools import ToolCall, ToolCallError, parse_tool_call, stop_strings
+from saorl.rollout.tools import (
+    ToolCall,
+    ToolCallError,
+    parse_tool_call,
+    render_tool_call,
+    stop_strings,
+)
 
 
 @pytest.mark.parametrize(
@@ -54,6 +60,49 @@ def test_malformed_hermes_calls_become_readable_errors(text, fragment):
 def test_stop_strings():
     assert stop_strings("code") == ["</python>"]
     assert stop_strings("hermes") == ["</tool_call>"]
+    assert stop_strings("llama3") == ["<|eom_id|>"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"name": "python", "parameters": {"code": "print(1)"}}',
+         ToolCall("python", {"code": "print(1)"})),
+        ('<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}\n',
+         ToolCall("add", {"a": 1, "b": 2})),
+        ('  {"name": "add", "arguments": {"a": 1}}', ToolCall("add", {"a": 1})),
+        ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 1}}',
+         ToolCall("g", {"x": 1})),
+        ('{"name": "f", "parameters": "{\\"x\\": 2}"}', ToolCall("f", {"x": 2})),
+        ('{"name": "f"}', ToolCall("f", {})),
+        ("The answer is \\boxed{4}", None),
+        ('so the set is \\boxed{\\{1, 2\\}}', None),
+    ],
+)  # fmt: skip
+def test_llama3_format(text, expected):
+    assert parse_tool_call(text, "llama3") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ('{"name": "python", "parameters": {"code": "print(1)"', "not valid JSON"),
+        ('{"parameters": {}}', '"name"'),
+        ('{"name": "f", "parameters": [1]}', "JSON object"),
+        ('{"name": "f", "parameters": {}} and then I answer', "text after the tool call"),
+        ("{" * 100_000 + "}" * 100_000, "JSON"),
+    ],
+)
+def test_malformed_llama3_calls_become_readable_errors(text, fragment):
+    result = parse_tool_call(text, "llama3")
+    assert isinstance(result, ToolCallError) and fragment in result.message
+
+
+@pytest.mark.parametrize("fmt", ["hermes", "llama3"])
+def test_a_rendered_call_parses_back(fmt):
+    # (A hermes argument cannot hold "</tool_call>": generation stops there, by design.)
+    args = {"code": 'print("a;{}")\nx = {"k": 1}', "n": [1, {"k": None}]}
+    assert parse_tool_call(render_tool_call("python", args, fmt), fmt) == ToolCall("python", args)
 
 
 @pytest.mark.parametrize(

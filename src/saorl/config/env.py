@@ -67,15 +67,16 @@ class EnvConfig(_Section):
         "episode (env_error, not trained on), the run goes on",
     )
     use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
-    tool_format: Literal["code", "hermes"] = Field(
+    tool_format: Literal["code", "hermes", "llama3"] = Field(
         "code",
         description="'code' = <python>...</python> blocks (small models; env 'swe': "
-        "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (chat models); envs "
-        "'math' and 'swe'",
+        "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
+        "chat models); 'llama3' = the whole turn is {\"name\": ..., \"parameters\": {...}} "
+        "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe'",
     )
     tools: list[str] = Field(
         default_factory=list,
-        description="env 'math' with tool_format = 'hermes': Python functions "
+        description="env 'math' with tool_format 'hermes' or 'llama3': Python functions "
         "'package.module:fn' or 'path/to/file.py:fn' (stored absolute) offered as tools besides "
         "the sandboxed python tool (use_tool = false: instead of it); schemas come from their "
         "type hints and docstrings; they run in-process, unsandboxed: your trusted code only",
@@ -198,10 +199,15 @@ class EnvConfig(_Section):
 
     @model_validator(mode="after")
     def _check_custom_fields(self) -> EnvConfig:
-        if self.tools and (self.name != "math" or self.tool_format != "hermes"):
+        if self.tools and (self.name != "math" or self.tool_format == "code"):
             raise ValueError(
-                "env.tools is for env.name = 'math' with env.tool_format = 'hermes'; your own "
-                "environment offers functions through saorl.envs.tools.FunctionTools"
+                "env.tools is for env.name = 'math' with env.tool_format = 'hermes' or "
+                "'llama3'; your own environment offers functions through "
+                "saorl.envs.tools.FunctionTools"
+            )
+        if self.name == "swe" and self.tool_format == "llama3":
+            raise ValueError(
+                "env.tool_format = 'llama3' is for env 'math'; env 'swe' takes 'code' or 'hermes'"
             )
         if self.args and self.name in BUILTIN_ENVS:
             raise ValueError(

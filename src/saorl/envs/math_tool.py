@@ -5,7 +5,7 @@ call gets the sandboxed output back as an observation; a turn without a call is 
 graded 1/0 on its last `\\boxed{}` (`saorl.envs.math_grader`). Malformed calls and calls to
 unknown tools come back as error observations the model can read.
 
-With `env.tools` (hermes format) the model also has your Python functions
+With `env.tools` (hermes or llama3 format) the model also has your Python functions
 (`saorl.envs.tools.FunctionTools`), offered besides the sandboxed `python` tool or, with
 `env.use_tool = false`, instead of it; their schemas (and python's) go to the chat template.
 """
@@ -26,16 +26,31 @@ CODE_INSTRUCTIONS = (
     "output comes back in <output></output>. Put the final answer in \\boxed{}.\n\n"
 )
 NO_TOOL_INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}.\n\n"
-HERMES_INSTRUCTIONS = (
-    "Solve the problem. You may call the tool `python` with "
-    '<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>; the printed '
-    "output comes back to you. Put the final answer in \\boxed{}.\n\n"
+# How a call is written, per format, in the instructions ({name} and {args} filled in).
+_CALL_SYNTAX = {
+    "hermes": '<tool_call>{{"name": {name}, "arguments": {args}}}</tool_call>',
+    "llama3": 'a reply that is only {{"name": {name}, "parameters": {args}}}',
+}
+TOOL_INSTRUCTIONS = (
+    "Solve the problem. You may call the tool `python` with {call}; the printed output comes "
+    "back to you. Put the final answer in \\boxed{{}}.\n\n"
 )
 FUNCTION_INSTRUCTIONS = (
-    "Solve the problem. You may call the tools {names} with "
-    '<tool_call>{{"name": "...", "arguments": {{...}}}}</tool_call>; the result comes back to '
+    "Solve the problem. You may call the tools {names} with {call}; the result comes back to "
     "you. Put the final answer in \\boxed{{}}.\n\n"
 )
+
+
+def tool_instructions(fmt: ToolFormat, names: list[str] | None = None) -> str:
+    """The instructions for the `hermes` or `llama3` format: the python tool alone, or the
+    tools `names`."""
+    if names is None:
+        call = _CALL_SYNTAX[fmt].format(name='"python"', args='{"code": "..."}')
+        return TOOL_INSTRUCTIONS.format(call=call)
+    call = _CALL_SYNTAX[fmt].format(name='"..."', args="{...}")
+    return FUNCTION_INSTRUCTIONS.format(names=", ".join(names), call=call)
+
+
 PYTHON_TOOL_SCHEMA = {
     "type": "function",
     "function": {
@@ -97,14 +112,14 @@ class MathToolEnv:
         if not self.instructions:
             instructions = ""
         elif self.tools:
-            names = ", ".join(t["function"]["name"] for t in self.tools)
-            instructions = FUNCTION_INSTRUCTIONS.format(names=names)
+            names = [t["function"]["name"] for t in self.tools]
+            instructions = tool_instructions(self.fmt, names)
         elif not self.use_tool:
             instructions = NO_TOOL_INSTRUCTIONS
         elif self.fmt == "code":
             instructions = CODE_INSTRUCTIONS
         else:
-            instructions = HERMES_INSTRUCTIONS
+            instructions = tool_instructions(self.fmt)
         messages = [dict(m) for m in getattr(task, "messages", ())]
         if not messages:
             messages = [{"role": "user", "content": task.prompt}]

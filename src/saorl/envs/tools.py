@@ -1,6 +1,6 @@
 """Python functions as tools: JSON schemas from their signatures, calls checked and run.
 
-    env.tools = ["my_pkg.tools:search", "tools.py:add"]   # env 'math', hermes format
+    env.tools = ["my_pkg.tools:search", "tools.py:add"]   # env 'math', hermes or llama3 format
 
 Each function's schema follows what chat templates (Qwen3, Llama 3, Hermes) expect in
 `apply_chat_template(..., tools=)`: `{"type": "function", "function": {"name", "description",

@@ -6,6 +6,15 @@ library's HTTP client is used; nothing extra to install.
 
 The API strips a matched stop string from the returned text; a tool call cut by its stop string
 (`<python>...` without `</python>`) gets its closing tag back before the environment sees it.
+
+An environment with tool schemas (`env.tools`, the `tools` attribute of your own env) has them
+sent as the request's `tools`. A server that parses calls itself (vLLM with
+`--enable-auto-tool-choice --tool-call-parser hermes|llama3_json`) answers with
+`message.tool_calls`; the last of them is written back in the environment's own format
+(`render_tool_call`) so the environment parses it as it would a trained model's text, and the
+conversation carries it the OpenAI way: the assistant message keeps that `tool_calls` entry and
+the observations answer it with its `tool_call_id`. A server that does not parse calls returns
+them in the text, which reaches the environment unchanged.
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saorl.envs.base import Env, task_key
+from saorl.rollout.tools import render_tool_call
 
 
 @dataclass
@@ -66,24 +76,39 @@ def chat_episode(
     loop = asyncio.new_event_loop()
     try:
         messages = list(loop.run_until_complete(env.reset(task)))
+        schemas = list(getattr(env, "tools", None) or [])
         turns, tool_calls, reward, texts, info = 0, 0, 0.0, [], {}
         while True:
             body = {"model": model, "messages": messages, "temperature": temperature,
                     "top_p": top_p, "max_tokens": max_tokens}  # fmt: skip
             if stop:
                 body["stop"] = list(stop)
+            if schemas:
+                body["tools"] = schemas
             choice = _complete(base_url, body, api_key, timeout)["choices"][0]
             text = choice["message"].get("content") or ""
             for s in stop:  # give a call cut by its stop string its closing tag back
                 opener = s.replace("</", "<", 1)
                 if choice.get("finish_reason") == "stop" and text.rfind(opener) > text.rfind(s):
                     text += s
+            assistant: dict[str, Any] = {"role": "assistant", "content": text}
+            call = _last_tool_call(choice["message"])
+            if call is not None:
+                call_id, name, arguments = call
+                fmt = getattr(env, "fmt", "hermes")
+                # A Llama 3 call is the whole turn: text beside it would make it an answer.
+                rendered = render_tool_call(name, arguments, fmt)
+                text = rendered if fmt == "llama3" else f"{text}{rendered}"
+                function = {"name": name, "arguments": json.dumps(arguments)}
+                assistant["tool_calls"] = [
+                    {"id": call_id, "type": "function", "function": function}
+                ]
             turns += 1
             texts.append(text)
             if choice.get("finish_reason") == "length":
                 reason = "length"
                 break
-            messages.append({"role": "assistant", "content": text})
+            messages.append(assistant)
             result = loop.run_until_complete(env.step(text))
             reward += result.reward
             info.update(result.info)
@@ -97,8 +122,32 @@ def chat_episode(
             if tool_calls > max_tool_calls:
                 reason = "max_tool_calls"
                 break
-            messages.extend(result.observations)
+            answer = {"tool_call_id": call[0]} if call is not None else {}
+            messages.extend(
+                {**m, **answer} if m.get("role") == "tool" else m for m in result.observations
+            )
     finally:
         loop.close()
     info.update({"turns": turns, "tool_calls": tool_calls})
     return TextEpisode(task_key(task), reward, reason, "\n".join(texts), info)
+
+
+def _last_tool_call(message: dict[str, Any]) -> tuple[str, str, dict[str, Any]] | None:
+    """`(id, name, arguments)` of the last of `message.tool_calls`, the arguments decoded from
+    the JSON string the API sends; None when there is none. Arguments that are not a JSON
+    object are passed on as `{"arguments": <text>}` so the environment's own checks report
+    them to the model."""
+    calls = message.get("tool_calls") or []
+    if not calls or not isinstance(calls[-1], dict):
+        return None
+    call = calls[-1]
+    function = call.get("function") or {}
+    arguments: Any = function.get("arguments") or {}
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            arguments = {"arguments": arguments}
+    if not isinstance(arguments, dict):
+        arguments = {"arguments": arguments}
+    return str(call.get("id") or f"call_{len(calls) - 1}"), str(function.get("name", "")), arguments

@@ -1,10 +1,15 @@
 """Tool-call formats: how a model turn asks for a tool, and how the call is parsed.
 
-Two formats, chosen by one field:
+Three formats, chosen by one field:
 - `code`: a code block in a tag, e.g. `<python>print(2**100)</python>`; the closing tag is a stop
   string, so the turn ends right after the call (good for small models).
 - `hermes`: `<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>` JSON, as
-  chat models such as Qwen3 are trained to emit; `</tool_call>` is the stop string.
+  chat models such as Qwen3 and Hermes are trained to emit; `</tool_call>` is the stop string.
+- `llama3`: Llama 3.1-3.3's JSON tool calling: the whole turn is one JSON object
+  `{"name": "python", "parameters": {"code": "..."}}` (optionally after `<|python_tag|>`; several
+  calls separated by `;`), ended by the model's end-of-turn token (`<|eot_id|>`, or `<|eom_id|>`,
+  which is a stop string here because only `<|eot_id|>` is the tokenizer's EOS). A turn that
+  does not start with `{` is an answer. `"arguments"` is accepted in place of `"parameters"`.
 
 `parse_tool_call` returns a `ToolCall`, `None` (the turn makes no call: it is an answer) or a
 `ToolCallError` whose message is shown to the model as an observation: a malformed call is
@@ -18,7 +23,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-ToolFormat = Literal["code", "hermes"]
+ToolFormat = Literal["code", "hermes", "llama3"]
+TOOL_FORMATS: tuple[str, ...] = ("code", "hermes", "llama3")
+# Llama 3 ends a turn that waits for a tool result with this token; the worker decodes turns
+# without special tokens, so the parser never sees it.
+LLAMA3_EOM = "<|eom_id|>"
 
 
 @dataclass(frozen=True)
@@ -34,7 +43,20 @@ class ToolCallError:
 
 def stop_strings(fmt: ToolFormat, tag: str = "python") -> list[str]:
     """Strings that end a model turn that makes a call."""
+    if fmt == "llama3":
+        return [LLAMA3_EOM]
     return [f"</{tag}>"] if fmt == "code" else ["</tool_call>"]
+
+
+def render_tool_call(name: str, arguments: dict[str, Any], fmt: ToolFormat) -> str:
+    """The text of a call in format `fmt` (what `parse_tool_call` reads back); `code` renders
+    the `code` (or `command`) argument in a <python> block."""
+    if fmt == "code":
+        code = arguments.get("code", arguments.get("command", ""))
+        return f"<python>{code}</python>"
+    if fmt == "llama3":
+        return json.dumps({"name": name, "parameters": arguments})
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
 def parse_tool_call(
@@ -50,18 +72,52 @@ def parse_tool_call(
         if end < 0:
             return ToolCallError(f"unterminated <{tag}> block: close it with </{tag}>")
         return ToolCall("python", {"code": body[:end].strip("\n")})
+    if fmt == "llama3":
+        return _parse_llama3(text)
     matches = list(re.finditer(r"<tool_call>(.*?)(</tool_call>|$)", text, flags=re.S))
     if not matches:
         return None
     match = matches[-1]
     if not match.group(2):
         return ToolCallError("unterminated <tool_call>: close it with </tool_call>")
-    payload = _loads(match.group(1))
+    return _call_from_payload(_loads(match.group(1)), "arguments")
+
+
+def _parse_llama3(text: str) -> ToolCall | ToolCallError | None:
+    body = text.strip()
+    body = body.removeprefix("<|python_tag|>").strip()
+    if not body.startswith("{"):
+        return None
+    # Several calls are `;`-separated; as in the other formats only the last one counts.
+    decoder, payload, pos = json.JSONDecoder(), None, 0
+    while pos < len(body):
+        try:
+            payload, end = decoder.raw_decode(body, pos)
+        except (json.JSONDecodeError, RecursionError, ValueError):
+            # The same message the strict parser gives, for the part that failed.
+            return _as_error(_loads(body[pos:]))
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+        if pos < len(body) and body[pos] != "{":
+            return ToolCallError(
+                "text after the tool call: a Llama 3 tool call is the whole turn, one JSON "
+                'object {"name": ..., "parameters": {...}}'
+            )
+    key = "parameters" if isinstance(payload, dict) and "parameters" in payload else "arguments"
+    return _call_from_payload(payload, key)
+
+
+def _as_error(value: Any) -> ToolCallError:
+    return value if isinstance(value, ToolCallError) else ToolCallError("tool call is not JSON")
+
+
+def _call_from_payload(payload: Any, key: str) -> ToolCall | ToolCallError:
     if isinstance(payload, ToolCallError):
         return payload
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
-        return ToolCallError('tool call must be {"name": <string>, "arguments": {...}}')
-    args = payload.get("arguments", {})
+        return ToolCallError(f'tool call must be {{"name": <string>, "{key}": {{...}}}}')
+    args = payload.get(key, {})
     if isinstance(args, str):  # some models double-encode the arguments
         args = _loads(args)
         if isinstance(args, ToolCallError):
