@@ -56,6 +56,7 @@ from saorl.models.critic import Critic, freeze_attention
 from saorl.models.loading import save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.packing import plan_token_micro_batches
+from saorl.samples import row_advantages, samples_due
 from saorl.sft import supervised_warmup
 from saorl.sharding import MicroBatch, Sharding, StepMetrics
 from saorl.types import Batch
@@ -167,6 +168,10 @@ class Learner:
         else:
             raise ValueError(f"algorithm.advantage: unknown estimator {algo.advantage!r}")
         m.set("advantage/mean", (advantages * mask).sum() / mask.sum().clamp(min=1))
+        run = cfg.run
+        if samples_due(self.steps + 1, run.log_samples_every, run.total_steps):
+            for key, value in row_advantages(advantages, mask, run.log_samples_count).items():
+                m.set(key, value)  # for samples.jsonl; taken out before metrics.jsonl
         # 4. The policy update, unless the critic is still warming up.
         policy_metrics: dict[str, Any] = {}
         if not warmup:

@@ -35,7 +35,7 @@ from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.rollout.worker import PromptFeed
-from saorl.samples import SAMPLES_FILE, SampleLogger
+from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.topology import Topology, build_topology
 from saorl.tracking import check_trackers, open_trackers
 from saorl.types import Batch
@@ -174,8 +174,9 @@ def _rl_loop(
                 metrics.update(last_eval)
             # The metrics row goes first: a kill between the two leaves a row past the newest
             # checkpoint, which resume truncates and redoes; the other order would lose it.
+            row_adv = pop_row_advantages(metrics)
             log.log(metrics)
-            samples.maybe_log(learner.steps, got.trajectories, stale, metrics)
+            samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
             ck = cfg.run.checkpoint_every
             if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
                 learner.save(run_dir, {**pool.snapshot(), **extra})

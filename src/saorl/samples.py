@@ -9,9 +9,15 @@ to `run_dir/samples.jsonl`:
     tokens the policy wrote, "observation" for tool and environment output, from the loss
     mask), reward, staleness (policy versions, as trained), stop_reason, prompt_key, group_id,
     action_tokens, observation_tokens, versions ([oldest, newest] policy version of its action
-    tokens), info (the agent loop's scalars: turns, tool_calls, ...), batch_advantage (the
-    step's `advantage/*` metrics: per-row advantages stay on the learner, and fetching them
-    would cost a device sync per step)
+    tokens), info (the agent loop's scalars: turns, tool_calls, ...), advantage (this
+    trajectory's advantages over its action tokens: mean, min, max; null where the learner
+    reports none), batch_advantage (the step's `advantage/*` metrics)
+
+The per-row advantages come from the learner in the step's metrics, under
+`sample/advantage_{mean,min,max}/<row>` keys for the first `log_samples_count` rows at a due
+step only: they travel in the same single device-to-host transfer as every other metric of the
+step (through every learner topology) and are taken out of the metrics (`pop_row_advantages`)
+before the metrics row is written, so metrics.jsonl keeps the same columns on every step.
 
 and hands the same rows to the trackers as a table (`MetricsLogger.log_samples`). A resumed
 run drops the rows past its checkpoint first, as it does for metrics.jsonl.
@@ -23,12 +29,48 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from saorl.metrics import MetricsLogger
 from saorl.types import Trajectory
 
+if TYPE_CHECKING:
+    import torch
+
 SAMPLES_FILE = "samples.jsonl"
+_ROW_PREFIX = "sample/advantage_"
+
+
+def samples_due(step: int, every: int, last_step: int) -> bool:
+    """Whether step `step` (counted from 1) dumps samples."""
+    return every > 0 and (step % every == 0 or step == last_step)
+
+
+def row_advantages(
+    advantages: torch.Tensor, mask: torch.Tensor, rows: int
+) -> dict[str, torch.Tensor]:
+    """0-dim tensors of the first `rows` rows' advantage mean, min and max over their action
+    tokens (`mask` 1), keyed `sample/advantage_{stat}/<row>`; a row without action tokens
+    gives 0."""
+    out: dict[str, torch.Tensor] = {}
+    for i in range(min(rows, advantages.shape[0])):
+        a, m = advantages[i], mask[i] > 0
+        if not bool(m.any()):  # a host read, only on the few rows of a due step
+            continue
+        acted = a[m]
+        out[f"{_ROW_PREFIX}mean/{i}"] = acted.mean()
+        out[f"{_ROW_PREFIX}min/{i}"] = acted.min()
+        out[f"{_ROW_PREFIX}max/{i}"] = acted.max()
+    return out
+
+
+def pop_row_advantages(metrics: dict[str, Any]) -> dict[int, dict[str, float]]:
+    """Take the per-row advantage keys out of a step's metrics: {row: {mean, min, max}}."""
+    rows: dict[int, dict[str, float]] = {}
+    for key in [k for k in metrics if k.startswith(_ROW_PREFIX)]:
+        stat, _, row = key.removeprefix(_ROW_PREFIX).partition("/")
+        rows.setdefault(int(row), {})[stat] = _finite(metrics.pop(key))
+    return rows
 
 
 def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
@@ -65,6 +107,7 @@ def sample_row(
     index: int,
     staleness: int,
     batch_metrics: Mapping[str, Any],
+    advantage: Mapping[str, float] | None = None,
 ) -> dict[str, Any]:
     """One samples.jsonl object (module docstring)."""
     versions = [v for v, m in zip(traj.versions, traj.loss_mask, strict=True) if m]
@@ -82,6 +125,7 @@ def sample_row(
         "observation_tokens": len(traj.loss_mask) - traj.num_action_tokens,
         "versions": [min(versions), max(versions)] if versions else None,
         "info": {k: _finite(v) for k, v in traj.info.items() if _scalar(v)},
+        "advantage": dict(advantage) if advantage else None,
         "batch_advantage": {
             k.removeprefix("advantage/"): _finite(v)
             for k, v in batch_metrics.items()
@@ -100,7 +144,7 @@ class SampleLogger:
         self.last_step = last_step
 
     def due(self, step: int) -> bool:
-        return self.every > 0 and (step % self.every == 0 or step == self.last_step)
+        return samples_due(step, self.every, self.last_step)
 
     def maybe_log(
         self,
@@ -108,11 +152,14 @@ class SampleLogger:
         trajectories: Sequence[Trajectory],
         staleness: Sequence[int],
         batch_metrics: Mapping[str, Any],
+        advantages: Mapping[int, Mapping[str, float]] | None = None,
     ) -> list[dict[str, Any]]:
-        """At a due step: the dump's rows, appended to samples.jsonl and sent to the trackers."""
+        """At a due step: the dump's rows, appended to samples.jsonl and sent to the trackers.
+        `advantages`: per-row advantage stats (`pop_row_advantages`)."""
         if not self.due(step):
             return []
-        rows = [sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics)
+        adv = advantages or {}
+        rows = [sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics, adv.get(i))
                 for i, t in enumerate(trajectories[: self.count])]  # fmt: skip
         with self.path.open("a", encoding="utf-8") as f:
             f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))

@@ -51,6 +51,11 @@ def test_saorl_train_console_script(tmp_path: Path):
     assert all(tb[k][s] == pytest.approx(v, rel=1e-6) for k in want for s, v in want[k].items())
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert [(r["step"], r["index"]) for r in samples] == [(3, i) for i in range(4)]
+    # Each sample carries its own advantages from the learner; metrics.jsonl does not.
+    for r in samples:
+        adv = r["advantage"]
+        assert adv["min"] <= adv["mean"] <= adv["max"], adv
+    assert not [k for r in rows for k in r if k.startswith("sample/")]
 
 
 def test_saorl_train_bad_override_is_a_clear_error(tmp_path: Path):

@@ -12,7 +12,14 @@ import pytest
 from saorl.config import ConfigError, load_config
 from saorl.metrics import MetricsLogger
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.samples import SAMPLES_FILE, SampleLogger, sample_row, split_turns
+from saorl.samples import (
+    SAMPLES_FILE,
+    SampleLogger,
+    pop_row_advantages,
+    row_advantages,
+    sample_row,
+    split_turns,
+)
 from saorl.tracking import TRACKERS_FILE, check_trackers, open_trackers, render_transcript
 from saorl.types import Trajectory
 from tests._tracker_readers import (
@@ -165,12 +172,14 @@ def test_sample_rows_decode_every_turn() -> None:
         {"role": "model", "text": "42<eos>"},
     ]
     row = sample_row(tok, traj, step=7, index=1, staleness=2,
-                     batch_metrics={"advantage/mean": 0.5, "loss/policy": 1.0})  # fmt: skip
+                     batch_metrics={"advantage/mean": 0.5, "loss/policy": 1.0},
+                     advantage={"mean": 0.25, "min": -1.0, "max": 2.0})  # fmt: skip
     assert row == {
         "step": 7, "index": 1, "prompt": "6*7=", "turns": split_turns(tok, traj),
         "reward": 1.0, "staleness": 2, "stop_reason": "answer", "prompt_key": "6*7",
         "group_id": 3, "action_tokens": 19, "observation_tokens": 4, "versions": [1, 2],
-        "info": {"turns": 2, "tool_calls": 1}, "batch_advantage": {"mean": 0.5},
+        "info": {"turns": 2, "tool_calls": 1},
+        "advantage": {"mean": 0.25, "min": -1.0, "max": 2.0}, "batch_advantage": {"mean": 0.5},
     }  # fmt: skip
     assert render_transcript(row) == (
         "[prompt]\n6*7=\n[model]\n<calc>6*7</calc>\n[observation]\n[42]\n[model]\n42<eos>"
@@ -191,3 +200,19 @@ def test_sample_logger_dumps_at_multiples_and_the_last_step(tmp_path: Path) -> N
         (s, i, i) for s in (2, 4, 5) for i in range(3)
     ]
     assert rows[0]["batch_advantage"] == {"mean": None}  # NaN is not JSON
+
+
+def test_per_row_advantages_travel_in_the_metrics_and_come_out_before_logging() -> None:
+    import torch
+
+    adv = torch.tensor([[0.5, -1.0, 2.0, 9.0], [3.0, 3.0, 0.0, 0.0], [7.0, 7.0, 7.0, 7.0]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0]])
+    stats = row_advantages(adv, mask, rows=5)  # more rows asked for than there are
+    metrics = {"loss/policy": 0.1, **{k: float(v) for k, v in stats.items()}}
+    rows = pop_row_advantages(metrics)
+    assert metrics == {"loss/policy": 0.1}
+    # Observation tokens (mask 0) never count; a row with no action tokens reports nothing.
+    assert rows == {0: {"mean": 0.5, "min": -1.0, "max": 2.0},
+                    1: {"mean": 3.0, "min": 3.0, "max": 3.0}}  # fmt: skip
+    assert row_advantages(adv, mask, rows=1).keys() == {
+        "sample/advantage_mean/0", "sample/advantage_min/0", "sample/advantage_max/0"}  # fmt: skip

@@ -71,7 +71,7 @@ class EnvConfig(_Section):
         "code",
         description="'code' = <python>...</python> blocks (small models; env 'swe': "
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
-        "chat models); 'llama3' = the whole turn is {\"name\": ..., \"parameters\": {...}} "
+        "chat models); 'llama3' = the whole turn is {'name': ..., 'parameters': {...}} as JSON "
         "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe'",
     )
     tools: list[str] = Field(
