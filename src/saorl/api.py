@@ -139,13 +139,15 @@ def evaluate(
     api_key: str | None = None,
     out: str | os.PathLike[str] | None = None,
     progress: bool = False,
+    prompt_template: str = "saorl",
 ) -> dict[str, Any]:
-    """Evaluate as `saorl eval MODEL` does; returns its summary (pass@1, pass@k, accuracy...).
+    """Evaluate as `saorl eval MODEL` does; returns its summary (avg@k, pass@k, maj@k, ...).
 
     `model`: a run directory, one of its checkpoints, a Hugging Face directory, `builtin:tiny`,
     or with `base_url` a served model's name. `config` defaults to the run's config.toml when
     `model` belongs to a run, else the defaults. `out`: also write the per-problem JSONL and
-    the summary there, and print the table, as the command does.
+    the summary there, and print the table, as the command does. `prompt_template`: as
+    `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`).
     """
     from saorl.cli import _run_config  # the command's own rule for "the run's config"
 
@@ -158,7 +160,8 @@ def evaluate(
     from saorl.evaluation import run_eval, write_results  # imports torch
 
     summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,
-                             api_key=api_key, progress=progress)  # fmt: skip
+                             api_key=api_key, progress=progress,
+                             prompt_template=prompt_template)  # fmt: skip
     if out is not None:
         write_results(str(model), cfg, summary, rows, str(out))
     return summary

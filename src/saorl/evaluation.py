@@ -4,15 +4,18 @@ Used by `saorl train` (held-out accuracy during training) and `saorl eval` (a mo
 the held-out problems of a config: `run_eval`, `write_results`). Episodes go through the same
 agent loop as training rollouts (`RolloutWorker`), so a tool task is evaluated with its tool.
 pass@1 is averaged over k samples per problem (avg@k); pass@k uses the unbiased estimator of
-Chen et al. (2021) over the same k samples.
+Chen et al. (2021) over the same k samples; maj@k grades the majority vote of the k samples
+(`majority`). `saorl eval --prompt-template` opens each episode with a published prompt
+(`saorl.eval_prompts`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import queue
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from torch import nn
 
 from saorl.config import Config, ConfigError, ModelConfig, load_config
 from saorl.envs.base import EnvSpec, task_key
+from saorl.eval_prompts import prompt_template as resolve_template
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
@@ -76,6 +80,35 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def vote(text: str) -> str | None:
+    """What a sample votes for in maj@k: its final boxed answer as the math grader reads it
+    (`final_answer`: several boxes of one answer are one vote), normalised (`normalize_answer`:
+    `\\dfrac{1}{2}` and `\\frac12`-style spacing variants vote together; `1/2` and `0.5` do not);
+    a text without a box votes with the whole text, normalised (envs that answer bare, such
+    as 'arithmetic'); None (no vote) for an empty text."""
+    from saorl.envs.math_grader import final_answer
+    from saorl.envs.math_normalize import normalize_answer
+
+    answer = final_answer(text)
+    return normalize_answer(text.strip() if answer is None else answer) or None
+
+
+def majority(votes: list[str | None], rewards: list[float]) -> tuple[str | None, float]:
+    """The majority answer of one problem's samples and its grade (maj@k for the problem).
+
+    The answer given by the most samples wins; a tie goes to the smallest answer in string
+    order, a rule that depends neither on the order samples finished in nor on which answer is
+    right. Its grade is the mean reward of the samples that gave it (they are graded on the same
+    answer, so they agree). No vote at all: (None, 0.0).
+    """
+    counts = Counter(v for v in votes if v is not None)
+    if not counts:
+        return None, 0.0
+    winner = min(counts, key=lambda answer: (-counts[answer], answer))
+    graded = [r for v, r in zip(votes, rewards, strict=True) if v == winner]
+    return winner, sum(graded) / len(graded)
 
 
 def summarize(trajs: list[Trajectory], prefix: str = "eval/") -> dict[str, float]:
@@ -143,6 +176,7 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
     `model.device`; `cfg` is the `[model]` section (dtype, device, built-in shape)."""
     from saorl.checkpoint import CheckpointError, load_state_file
     from saorl.models.loading import load_policy, resolve_device
+    from saorl.models.lora import merged_checkpoint_policy
 
     path = Path(model)
     if path.is_file() and path.suffix == ".pt":
@@ -153,11 +187,15 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
             )
         state = load_state_file(path)  # refuses a file that would run code
         if not isinstance(state.get("policy"), dict):
+            hf = path.with_suffix(".hf")
+            if hf.is_dir():  # an FSDP run keeps its weights in sharded files beside the .pt
+                raise CheckpointError(f"{path}: its weights are sharded; evaluate {hf} instead")
             raise CheckpointError(f"{path}: holds no policy weights (not a saorl checkpoint)")
         # The weights' shape is the run's own, whatever config the evaluation uses.
-        policy, tokenizer = load_policy(load_config(run_config).model)
-        try:
-            policy.load_state_dict(state["policy"])
+        run_model = load_config(run_config).model
+        policy, tokenizer = load_policy(run_model)
+        try:  # a LoRA run's checkpoint holds base and adapters: merged into the plain model
+            policy.load_state_dict(merged_checkpoint_policy(state["policy"], run_model))
         except (RuntimeError, ValueError, TypeError) as e:
             why = f"{type(e).__name__}: {str(e)[:300]}"
             raise CheckpointError(f"{path}: its policy does not fit {run_config} ({why})") from None
@@ -184,6 +222,7 @@ def run_eval(
     api_key: str | None = None,
     concurrency: int = 8,
     progress: bool = True,
+    prompt_template: str = "saorl",
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on the held-out problems of the config `cfg`; returns (summary,
     per-problem rows).
@@ -191,7 +230,8 @@ def run_eval(
     The problems are `build_env(cfg.env, held_out_only=True)`'s, the first `limit` of them;
     sampling is `cfg.rollout`'s (temperature, top_p, max_new_tokens, stop), the context
     `model.max_seq_len`, the seed `run.seed`. With `base_url`, `model` is the served model's
-    name and episodes go over HTTP.
+    name and episodes go over HTTP. `prompt_template`: a name in
+    `saorl.eval_prompts.PROMPT_TEMPLATES` or a text with `{problem}` (ValueError otherwise).
     """
     import concurrent.futures
 
@@ -200,13 +240,24 @@ def run_eval(
 
     from saorl.envs.factory import build_env
 
+    template = resolve_template(prompt_template)  # a bad one fails before any model loads
     env_cfg, roll = cfg.env, cfg.rollout
     if env_cfg.name == "swe" and env_cfg.swe_source == "generated" and limit:
         # Generated tasks are made (and validated) on demand; the first N never depend on
         # how many follow, so only the ones evaluated are made.
         env_cfg = env_cfg.model_copy(update={"eval_size": min(limit, env_cfg.eval_size)})
     spec = build_env(env_cfg, held_out_only=True)
+    spec = dataclasses.replace(spec, make_env=template.wrap(spec.make_env))
     problems = list(spec.task.held_out)[: limit or None]
+    if (
+        template.user is not None
+        and problems
+        and not isinstance(getattr(problems[0], "prompt", None), str)
+    ):
+        raise ValueError(
+            f"--prompt-template {prompt_template!r}: the tasks of env {env_cfg.name!r} have no "
+            "text `prompt` to put in it (env 'math' has)"
+        )
     jobs = [p for p in problems for _ in range(k)]
     stop = (*spec.stop, *roll.stop)
     with Progress(disable=not progress, transient=True) as bar:
@@ -242,25 +293,40 @@ def run_eval(
                                     stop=tuple(roll.stop))  # fmt: skip
             texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
     stats = per_problem(episodes, k)  # type: ignore[arg-type]
+    # A coding agent's answer is its repository changes, not a text to vote on.
+    voting = env_cfg.name != "swe"
     rows = []
     for p in problems:
         samples = [
             {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
-             e.info.get("tool_calls", 0), "text": txt}
+             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {})}
             for e, txt in zip(episodes, texts, strict=True)
             if e.prompt_key == task_key(p)
         ]  # fmt: skip
-        # your own tasks need not have a prompt or an answer
-        rows.append({"key": task_key(p), "prompt": getattr(p, "prompt", None),
-                     "reference": getattr(p, "answer", None),
-                     **stats.get(task_key(p), {}), "samples": samples})  # fmt: skip
+        row = {"key": task_key(p), "prompt": getattr(p, "prompt", None),
+               "reference": getattr(p, "answer", None),  # your own tasks need neither
+               **stats.get(task_key(p), {})}  # fmt: skip
+        row[f"avg@{k}"] = row.get("pass@1", 0.0)
+        if voting:
+            answers = [s["answer"] for s in samples]
+            row["majority_answer"], row[f"maj@{k}"] = majority(
+                answers, [s["reward"] for s in samples]
+            )
+        rows.append({**row, "samples": samples})
     n = max(len(rows), 1)
+
+    def mean(key: str) -> float:
+        return sum(r.get(key, 0.0) for r in rows) / n
+
     summary = {
         "model": model,
         "problems": len(rows),
         "k": k,
-        "pass@1": sum(r.get("pass@1", 0.0) for r in rows) / n,
-        f"pass@{k}": sum(r.get(f"pass@{k}", 0.0) for r in rows) / n,
+        **template.describe(),
+        f"avg@{k}": mean("pass@1"),
+        "pass@1": mean("pass@1"),  # = avg@k: the name earlier versions wrote
+        f"pass@{k}": mean(f"pass@{k}"),
+        **({f"maj@{k}": mean(f"maj@{k}")} if voting else {}),
         **{key.removeprefix("eval/"): v for key, v in summarize(episodes).items()},  # type: ignore[arg-type]
     }
     return summary, rows
@@ -296,6 +362,7 @@ def write_results(
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        if key != "prompt_template_text":  # in the summary file; too long for the table
+            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
     Console().print(table)
     return path

@@ -3,6 +3,7 @@ model on held-out sets and dataset files, and a served model over HTTP."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -10,13 +11,14 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 from saorl.cli import main
 from saorl.config import load_config
 from saorl.envs.factory import build_env
-from saorl.evaluation import pass_at_k, run_eval
+from saorl.evaluation import majority, pass_at_k, run_eval, vote
 
 # Small enough for the default demo model on 2 cores; the problems' count is what is tested.
 FAST = ["rollout.max_new_tokens=4"]
@@ -47,15 +49,40 @@ def test_saorl_eval_on_aime25_with_a_tiny_model(tmp_path):
     out = tmp_path / "aime.jsonl"
     proc = _eval("builtin:tiny", "env.name=math", "env.eval_dataset=aime25",
                  "--k", "2", "--limit", "3", "rollout.max_new_tokens=8",
-                 "model.max_seq_len=2048", "--out", str(out))  # fmt: skip
+                 "model.max_seq_len=2048", "--prompt-template", "boxed",
+                 "--out", str(out))  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 and all(len(r["samples"]) == 2 for r in rows)
-    assert {"key", "prompt", "reference", "pass@1", "pass@2"} <= set(rows[0])
+    assert {"key", "prompt", "reference", "pass@1", "avg@2", "pass@2", "maj@2"} <= set(rows[0])
     summary = _summary(out)
     # A random-init model solves nothing: the plumbing is what is tested here.
-    assert summary["problems"] == 3 and summary["pass@1"] == 0.0
-    assert "pass@1" in proc.stdout
+    assert summary["problems"] == 3 and summary["pass@1"] == 0.0 == summary["maj@2"]
+    assert summary["prompt_template"] == "boxed"
+    assert all(key in proc.stdout for key in ("avg@2", "pass@2", "maj@2", "boxed"))
+
+
+def test_prompt_template_reaches_the_in_process_engine(tmp_path):
+    from saorl.eval_prompts import prompt_template
+    from saorl.evaluation import run_episodes
+    from saorl.models.loading import load_policy
+    from tests.conftest import tiny_config
+
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"problem": "6 times 7?", "answer": "42"}) + "\n")
+    cfg = load_config(None, ["env.name=math", f"env.eval_dataset={data}", "env.use_tool=false"])
+    spec = build_env(cfg.env, held_out_only=True)
+    # (the char-level tokenizer has no newline: it decodes as <unk>)
+    for name, shown, not_shown in (
+        ("boxed", "6 times 7?<unk>Please reason step by step", "Solve the problem"),
+        ("saorl", "Solve the problem. Put the final answer in \\boxed{}.", "Please reason"),
+    ):
+        wrapped = dataclasses.replace(spec, make_env=prompt_template(name).wrap(spec.make_env))
+        policy, tokenizer = load_policy(tiny_config("model.max_seq_len=256").model)
+        [episode] = run_episodes(policy, tokenizer, wrapped, list(spec.task.held_out),
+                                 max_seq_len=256, max_new_tokens=2)  # fmt: skip
+        prompt = tokenizer.decode(episode.prompt_ids)
+        assert shown in prompt and not_shown not in prompt
 
 
 def test_saorl_eval_missing_dataset_is_a_clear_error(tmp_path):
@@ -146,7 +173,8 @@ def test_held_out_only_swebench_file(monkeypatch, tmp_path):
 
     monkeypatch.setattr(saorl.envs.swe.spec, "check_pytest", lambda: None)
     monkeypatch.setattr(saorl.envs.swe.swebench, "load_swebench", lambda *a: list(range(10)))
-    swe = ["env.name=swe", "env.swe_source=swebench", f"env.swe_tasks={tmp_path / 't.jsonl'}"]
+    swe = ["env.name=swe", "env.swe_source=swebench", f"env.swe_tasks={tmp_path / 't.jsonl'}",
+           "env.swe_task_envs=none", "env.swe_validate=false"]  # the tasks here are stand-ins
 
     def held_out(*overrides: str) -> list:
         cfg = load_config(None, [*swe, *overrides]).env
@@ -202,3 +230,137 @@ def test_pass_at_k(n, c, k, expected):
     # pass@k = 1 - C(n-c, k)/C(n, k); n=4, c=1, k=2: 1 - C(3,2)/C(4,2) = 1 - 3/6 = 0.5;
     # n=5, c=2, k=3: 1 - C(3,3)/C(5,3) = 1 - 1/10 = 0.9.
     assert pass_at_k(n, c, k) == pytest.approx(expected)
+
+
+class _VotingChat(BaseHTTPRequestHandler):
+    """Answers each question with its next reply from `REPLIES` (a fixed multiset per question,
+    whatever order the concurrent requests arrive in) and records the messages it was sent."""
+
+    REPLIES: ClassVar[dict[str, list[str]]] = {
+        "6 times 7?": ["\\boxed{42}", "\\boxed{41}", "so \\boxed{42}.", "\\boxed{7}"],
+        "2 plus 2?": ["\\boxed{5}", "\\boxed{5}", "\\boxed{4}", "no box"],
+        "1 plus 1?": ["\\boxed{3}", "\\boxed{2}", "\\boxed{\\dfrac{4}{2}}", "\\boxed{3}"],
+    }
+    lock = threading.Lock()
+    served: ClassVar[dict[str, int]] = {}
+    seen: ClassVar[list[list[dict]]] = []
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        question = next(q for q in self.REPLIES if q in body["messages"][-1]["content"])
+        with self.lock:
+            i = self.served.get(question, 0)
+            self.served[question] = i + 1
+            self.seen.append(body["messages"])
+        reply = {"choices": [{"message": {"content": self.REPLIES[question][i]},
+                              "finish_reason": "stop"}]}  # fmt: skip
+        data = json.dumps(reply).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _served_eval(tmp_path: Path, *flags: str) -> tuple[dict, list[dict], list[list[dict]]]:
+    """`saorl eval` (in this process) of a served model on the three `_VotingChat` questions,
+    k=4, no tool; the summary, the per-problem rows and the messages the server got."""
+    data = tmp_path / "q.jsonl"
+    data.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n"
+                            for q, a in (("6 times 7?", "42"), ("2 plus 2?", "4"),
+                                         ("1 plus 1?", "2"))))  # fmt: skip
+    _VotingChat.served, _VotingChat.seen = {}, []
+    server = HTTPServer(("127.0.0.1", 0), _VotingChat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    out = tmp_path / "e.jsonl"
+    try:
+        code = main(["eval", "served", "--base-url", f"http://127.0.0.1:{server.server_port}/v1",
+                     "--k", "4", "--out", str(out), *flags, "env.name=math",
+                     f"env.eval_dataset={data}", "env.use_tool=false"])  # fmt: skip
+    finally:
+        server.shutdown()
+    assert code == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    return _summary(out), rows, _VotingChat.seen
+
+
+def test_eval_reports_maj_at_k_beside_avg_and_pass(tmp_path, capsys):
+    summary, rows, _ = _served_eval(tmp_path)
+    # 6*7: 42 twice (once in a sentence), 41, 7 -> majority 42, right.
+    # 2+2: 5 twice, 4, a reply without a box (votes with its text) -> majority 5, wrong.
+    # 1+1: 3 twice, 2 and `\dfrac{4}{2}` (both graded right, but different answers) -> 3, wrong.
+    by_key = {r["prompt"]: r for r in rows}
+    assert [by_key[q]["maj@4"] for q in ("6 times 7?", "2 plus 2?", "1 plus 1?")] == [1, 0, 0]
+    assert by_key["6 times 7?"]["majority_answer"] == "42"
+    assert by_key["2 plus 2?"]["majority_answer"] == "5"
+    assert [s["answer"] for s in by_key["2 plus 2?"]["samples"]].count("nobox") == 1
+    assert by_key["6 times 7?"]["avg@4"] == 0.5 and by_key["6 times 7?"]["pass@4"] == 1.0
+    # avg@4 = (2/4 + 1/4 + 2/4) / 3; pass@4 = 1 on every problem; maj@4 = 1/3
+    assert summary["avg@4"] == pytest.approx(5 / 12) == summary["pass@1"]
+    assert summary["pass@4"] == 1.0 and summary["maj@4"] == pytest.approx(1 / 3)
+    assert summary["prompt_template"] == "saorl"
+    table = capsys.readouterr().out
+    assert all(key in table for key in ("avg@4", "pass@4", "maj@4", "prompt_template"))
+
+
+@pytest.mark.parametrize(
+    ("flag", "expected"),
+    [
+        ("boxed", [{"role": "user", "content": "6 times 7?\nPlease reason step by step, and put "
+                    "your final answer within \\boxed{}."}]),
+        ("qwen_math", [{"role": "system", "content": "Please reason step by step, and put your "
+                        "final answer within \\boxed{}."},
+                       {"role": "user", "content": "6 times 7?"}]),
+        ("Q: {problem}\nA:", [{"role": "user", "content": "Q: 6 times 7?\nA:"}]),
+    ],
+)  # fmt: skip
+def test_prompt_templates_reach_the_served_model(tmp_path, flag, expected):
+    summary, _, seen = _served_eval(tmp_path, "--prompt-template", flag)
+    assert next(m for m in seen if "6 times 7?" in m[-1]["content"]) == expected
+    assert summary["prompt_template"] == ("custom" if "{problem}" in flag else flag)
+    text = summary["prompt_template_text"]
+    assert text["user"].replace("{problem}", "6 times 7?") == expected[-1]["content"]
+    assert summary["maj@4"] == pytest.approx(1 / 3)  # the same replies, whatever the prompt
+
+
+def test_bad_prompt_template_is_a_clear_error(capsys):
+    assert main(["eval", "builtin:tiny", "--prompt-template", "deepseek"]) == 2
+    err = capsys.readouterr().err
+    assert "--prompt-template 'deepseek'" in err and "boxed" in err and "{problem}" in err
+
+
+@pytest.mark.parametrize(
+    ("votes", "rewards", "expected"),
+    [
+        (["42", "41", "42", "7"], [1, 0, 1, 0], ("42", 1.0)),
+        (["5", "4", None, None], [0, 1, 0, 0], ("4", 1.0)),  # a tie: "4" < "5" in string order
+        (["5", "4"], [0, 1], ("4", 1.0)),
+        (["b", "a", "b", "a"], [1, 0, 1, 0], ("a", 0.0)),  # order of the samples does not matter
+        (["a", "b", "a", "b"], [0, 1, 0, 1], ("a", 0.0)),
+        ([None, None], [0, 0], (None, 0.0)),
+    ],
+)
+def test_majority_vote_and_its_tie_rule(votes, rewards, expected):
+    assert majority(votes, rewards) == expected
+
+
+def test_votes_are_normalised_final_answers():
+    assert vote("so $\\boxed{\\dfrac{1}{2}}$.") == vote("\\boxed{ \\frac{1}{2} }") == "\\frac{1}{2}"
+    assert vote("$x = \\boxed{-2}$ and $x = \\boxed{1}$") == "-2,1"  # one answer, two boxes
+    assert vote("\\boxed{1,000}") == vote("\\boxed{1000}") == "1000"
+    assert vote(" 579\n") == "579"  # no box: the text itself (env 'arithmetic')
+    assert vote("  ") is None
+
+
+def test_the_python_api_takes_a_prompt_template(tmp_path):
+    import saorl
+
+    data = _math_file(tmp_path / "m.jsonl", 2)
+    summary = saorl.evaluate("builtin:tiny", overrides=["env.name=math", "env.use_tool=false",
+                             f"env.eval_dataset={data}", "env.problem_key=q", "env.answer_key=a",
+                             *FAST, "model.max_seq_len=128"],
+                             limit=1, prompt_template="boxed")  # fmt: skip
+    assert summary["prompt_template"] == "boxed" and "maj@1" in summary

@@ -7,15 +7,19 @@ the module fixture stops it at the end.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from saorl.envs import math_grader
+from saorl.envs.math_extract import extract_boxes
 from saorl.envs.math_grader import extract_boxed, grade, grade_batch
 from saorl.envs.math_normalize import count_alternatives, normalize_answer
 
@@ -63,12 +67,17 @@ def test_extract_boxed_stops_at_max_chars() -> None:
 
 
 def test_normalize_answer() -> None:
-    assert normalize_answer("$\\left( 3, \\dfrac{\\pi}{2} \\right)$.") == "(3,\\frac{\\pi}{2})"
+    assert normalize_answer("$\\left( 3, \\dfrac{\\pi}{2} \\right)$") == "(3,\\frac{\\pi}{2})"
     assert normalize_answer("1,000,000") == "1000000"
-    assert normalize_answer("1{,}000") == normalize_answer("1\\,000") == "1000"
-    assert normalize_answer("1,00") == "1,00"  # not a thousands pattern: a list
+    assert normalize_answer("1{,}000") == normalize_answer("\\$1,\\!000") == "1000"
+    assert normalize_answer("11,\\! 111,\\! 100") == "11111100"  # `\\!` then a TeX space
+    # A separator counts only in a well-formed number: groups of three, no space around it.
+    assert normalize_answer("1,00") == "1,00"  # a list
+    assert normalize_answer("32, 349") == "32,349"  # a list, never 32349
+    assert normalize_answer("32 349") == normalize_answer("32\\,349") == "32 349"  # two numbers
+    assert normalize_answer("x + 2 = 3") == "x+2=3"
     assert normalize_answer("\\text{\\textbf{Evelyn}}\\!") == "Evelyn"
-    assert normalize_answer("\\$18.") == "18"
+    assert normalize_answer("\\$18.") == "18."  # math-verify does not read `18.` as 18
     assert normalize_answer("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}") == (
         "\\begin{pmatrix}1\\\\2\\end{pmatrix}"
     )
@@ -87,11 +96,14 @@ EQUIVALENT = [
     ("\\boxed{1000}", "1,000"),
     ("\\boxed{1{,}234{,}567}", "1234567"),
     ("\\boxed{1,500 \\text{ dollars}}", "1500"),  # a thousands separator is not a list
+    ("\\boxed{32,349}", "32349"),
+    ("\\boxed{\\$32,\\!348}", "32348"),
+    ("\\boxed{32348}", "\\$32,\\!348"),
+    ("\\boxed{11,\\! 111,\\! 111,\\! 100}", "11111111100"),
     ("\\boxed{\\$18}", "18"),
     # decimals
     ("\\boxed{18.00}", "18"),
     ("\\boxed{0.50}", ".5"),
-    ("\\boxed{3.50.}", "3.5"),
     # fractions
     ("\\boxed{\\frac{1}{2}}", "0.5"),
     ("\\boxed{0.5}", "\\frac{1}{2}"),
@@ -131,21 +143,19 @@ EQUIVALENT = [
     ("\\boxed{|1-x|}", "|x-1|"),
     ("\\boxed{\\left| -3 \\right|}", "3"),
     ("\\boxed{\\lvert -3 \\rvert}", "3"),
-    # one number after a relation sign, a trailing period
+    # one number (or simple fraction) in an answer math-verify parses only in part
     ("\\boxed{\\approx 5}", "5"),
     ("\\boxed{\\Rightarrow 5}", "5"),
     ("\\boxed{\\frac{1}{2}.}", "0.5"),
     ("\\boxed{x = \\frac{1}{2}.}", "0.5"),
-    ("\\boxed{x \\equiv 3 \\pmod{7}}", "3"),  # the modulus is context, not a second candidate
-    ("\\boxed{3 \\pmod 7}", "3"),
     # text and units
     ("\\boxed{5\\text{ cm}}", "5"),
     ("\\boxed{10 \\text{ dollars}}", "10"),
     ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}"),
     ("\\boxed{90^\\circ}", "90"),
-    # several boxes: only the last counts (documented in the module: no hedging loophole)
-    ("first \\boxed{3}, so finally \\boxed{5}", "5"),
-    ("\\boxed{2} or \\boxed{1}", "1"),
+    # an earlier box far from the last one is an intermediate result
+    ("first \\boxed{3}. " + "Checking it once more by substitution, " * 3 + "\\boxed{5}", "5"),
+    ("\\boxed{5} \\boxed{5}", "5"),  # a repeated box counts once
     ("\\fbox{7}", "7"),
     # a reference given as a whole solution is reduced to its boxed answer
     ("\\boxed{4}", "so the total is $\\boxed{4}$."),
@@ -154,6 +164,14 @@ EQUIVALENT = [
 NOT_EQUIVALENT = [
     ("\\boxed{41}", "42"),
     ("\\boxed{1,000}", "1"),
+    # a separator only counts in a well-formed number: these are lists or products
+    ("\\boxed{32, 349}", "32349"),
+    ("\\boxed{32 349}", "32349"),
+    ("\\boxed{32\\,349}", "32349"),
+    ("\\boxed{3,2349}", "32349"),
+    # a trailing point inside the box: math-verify reads neither as a number
+    ("\\boxed{42.}", "42"),
+    ("\\boxed{3.50.}", "3.5"),
     ("\\boxed{2.5}", "2.4"),
     ("\\boxed{0.33}", "\\frac{1}{3}"),
     ("\\boxed{\\frac{1}{3}}", "0.5"),
@@ -178,7 +196,11 @@ NOT_EQUIVALENT = [
     ("\\boxed{1; 2}", "1"),
     ("\\boxed{1 \\text{ and } 2}", "1"),
     ("\\boxed{\\{1, 2\\}}", "1"),
-    ("\\boxed{1} or \\boxed{2}", "1"),  # last box wins
+    ("\\boxed{1} or \\boxed{2}", "1"),  # boxes of one answer: two values
+    ("\\boxed{2} or \\boxed{1}", "1"),
+    ("$\\boxed{1}$ or $\\boxed{2}$", "1"),
+    ("first \\boxed{3}, so finally \\boxed{5}", "5"),
+    ("\\boxed{1 \\pm 2}", "3"),  # math-verify reads the set {-1, 3}
     # other spellings of a disjunction (math-verify reads each of these as the last number)
     ("\\boxed{{1 \\lor 2}}", "2"),
     ("\\boxed{1 \u2228 2}", "2"),
@@ -199,6 +221,8 @@ NOT_EQUIVALENT = [
     ("\\boxed{1 \\setminus 2}", "2"),
     ("\\boxed{1 @ 2}", "2"),
     ("\\boxed{x^2 \\foo 7}", "7"),
+    ("\\boxed{x \\equiv 3 \\pmod{7}}", "3"),  # math-verify takes the 3, by its position
+    ("\\boxed{3 \\pmod 7}", "3"),
     ("\\boxed{\\begin{aligned} x &= 1 \\\\ x &= 2 \\end{aligned}}", "2"),
     ("\\boxed{\\begin{cases} 1 \\\\ 2 \\end{cases}}", "2"),
 ]
@@ -214,6 +238,68 @@ def test_equivalent(response: str, reference: str) -> None:
 @pytest.mark.parametrize(("response", "reference"), NOT_EQUIVALENT)
 def test_not_equivalent(response: str, reference: str) -> None:
     assert grade(response, reference) == 0.0
+
+
+# Several items in the reference: each boxed on its own, or together in another order, as
+# math-verify grades them. Boxes of one answer are read as math-verify reads them (module doc of
+# saorl.envs.math_extract).
+MULTI_PART = [
+    ("\\boxed{(1, 2)}, \\boxed{(2, 1)}", "(2,1),(1,2)", 1.0),
+    ("\\boxed{(1, 2), (2, 1)}", "(2,1),(1,2)", 1.0),
+    ("so $\\boxed{-2} \\quad\\text{and}\\quad \\boxed{1}$.", "1,-2", 1.0),
+    ("\\boxed{-2} \\quad\\text{and}\\quad \\boxed{1}", "1,-2", 1.0),
+    ("The roots are $x = \\boxed{-2}$ and $x = \\boxed{1}$.", "-2, 1", 1.0),
+    ("\\[\\boxed{3}, \\boxed{5}, \\boxed{7}\\]", "3, 5, 7", 1.0),
+    ("\\boxed{7, 3, 5}", "3, 5, 7", 1.0),
+    ("\\boxed{\\{7, 3, 5\\}}", "3, 5, 7", 1.0),
+    ("\\boxed{1 + \\sqrt{19}} \\text{ and } \\boxed{1 - \\sqrt{19}}", "1 \\pm \\sqrt{19}", 1.0),
+    ("\\boxed{x = 1}, \\boxed{y = 2}", "x = 1, y = 2", 1.0),
+    # a missing or a wrong item
+    ("\\boxed{(1, 2)}", "(2,1),(1,2)", 0.0),
+    ("\\boxed{-2} \\quad\\text{and}\\quad \\boxed{2}", "1,-2", 0.0),
+    ("\\boxed{3}, \\boxed{5}", "3, 5, 7", 0.0),
+    # environments joined by `\\text{ and }` are not one answer for math-verify: the last counts
+    ("$\\boxed{-2}$ \\text{ and } $\\boxed{1}$", "1,-2", 0.0),
+    # the hedge rule: several different boxed values for a single-item reference
+    ("\\boxed{1}, \\boxed{2}", "1", 0.0),
+    ("\\boxed{2} \\quad\\text{or}\\quad \\boxed{1}", "1", 0.0),
+]
+
+
+@needs_math_verify
+@pytest.mark.parametrize(("response", "reference", "expected"), MULTI_PART)
+def test_multi_part_answers(response: str, reference: str, expected: float) -> None:
+    assert grade(response, reference) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "boxes"),
+    [
+        ("\\boxed{1}, \\boxed{2}", ["1", "2"]),
+        ("\\boxed{1}\\boxed{1}", ["1"]),  # a repeat counts once
+        ("\\boxed{-2} \\quad\\text{and}\\quad \\boxed{1}", ["-2", "1"]),
+        ("$x = \\boxed{-2}$ and $x = \\boxed{1}$.", ["-2", "1"]),
+        ("$\\boxed{1}$, $\\boxed{2}$ and $\\boxed{3}$.", ["1", "2", "3"]),
+        ("\\[\\boxed{1} \\text{ and, after a long detour, } \\boxed{2}\\]", ["1", "2"]),
+        ("$\\boxed{1}$ \\text{ and } $\\boxed{2}$", ["2"]),  # not math-verify's join
+        ("$\\boxed{1}$ is one; also $\\boxed{2}$", ["2"]),
+        ("\\boxed{1} then " + "x" * 80 + " \\boxed{2}", ["2"]),  # far apart: intermediate
+        ("\\boxed{1} " + "x" * 20 + " \\boxed{2}", ["2"]),  # no separator in between
+        ("\\boxed{1} and so on " + "x" * 20 + " \\boxed{2}", ["1", "2"]),
+        ("\\boxed{1} and so on " + "x" * 20 + " \\boxed{1}", ["1"]),
+        ("\\boxed{1}, \\boxed{2", None),  # the last box never closes
+        ("no box", None),
+    ],
+)
+def test_extract_boxes(text: str, boxes: list[str] | None) -> None:
+    assert extract_boxes(text) == boxes
+
+
+def test_extract_boxes_caps_the_answer() -> None:
+    many = ", ".join(f"\\boxed{{{i}}}" for i in range(3000))
+    assert len(extract_boxes(many)) == 3000
+    assert extract_boxes(many, max_chars=1000) is None
+    assert extract_boxes("\\boxed{1}" * 50_000, max_chars=10) == ["1"]
 
 
 def test_fast_path_needs_no_worker(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -398,6 +484,25 @@ def test_string_functions_are_linear(text: str) -> None:
     assert time.monotonic() - start < 5.0
 
 
+# Responses with very many boxes, environments and dollar signs for the final-answer reading.
+MANY_BOXES = {
+    "joined environments": "$\\boxed{1}$ and " * 20_000 + "$\\boxed{2}$",
+    "one environment": "\\[" + "\\boxed{1} " * 50_000 + "\\]",
+    "near boxes": "\\boxed{1}, \\boxed{2}" * 25_000,
+    "dollar signs": "\\$ " * 50_000 + "$\\boxed{1}$ " + "\\$" * 50_000,
+    "unclosed boxes": "\\boxed{" * 50_000 + "\\boxed{1}",
+    "boxes in boxes": "\\boxed{" * 20_000 + "1" + "}" * 20_000,
+}
+
+
+@pytest.mark.parametrize("text", MANY_BOXES.values(), ids=MANY_BOXES.keys())
+def test_final_answer_reading_is_linear(text: str) -> None:
+    start = time.monotonic()
+    extract_boxes(text)
+    math_grader.final_answer(text)
+    assert time.monotonic() - start < 5.0
+
+
 def test_timeout_bounds_the_whole_grade(monkeypatch: pytest.MonkeyPatch) -> None:
     # Whatever the fast path spent is taken from math-verify's budget, not added to it.
     fast_verdict = math_grader._fast_verdict
@@ -487,8 +592,56 @@ def test_stuck_worker_is_killed_and_replaced() -> None:
     start = time.monotonic()
     assert math_grader._call_in_worker(time.sleep, 60, wait_s=0.5) is None
     assert time.monotonic() - start < 3.5
-    assert math_grader._pool is None  # killed; the next slow grade starts a fresh worker
+    assert math_grader._worker is None  # killed; the next slow grade starts a fresh worker
     assert grade("\\boxed{\\frac{3}{4}}", "0.75") == 1.0
+
+
+# Both reach math-verify (no string or number comparison decides them).
+_SCRIPT = (
+    "from saorl.envs.math_grader import grade\n"
+    "print(grade('\\\\boxed{\\\\sqrt{8}}', '2\\\\sqrt{2}'), grade('\\\\boxed{\\\\sqrt{8}}', '3'))\n"
+)
+
+
+@needs_math_verify
+@pytest.mark.parametrize("how", ["-c", "stdin"])
+def test_grade_works_from_python_c_and_stdin(how: str, tmp_path: Path) -> None:
+    # The worker is `python -m saorl.envs.math_worker`: it never imports the caller's
+    # `__main__`, which for `python -c` and `python -` has no file to import.
+    args = [sys.executable, "-c", _SCRIPT] if how == "-c" else [sys.executable, "-"]
+    proc = subprocess.run(args, input=None if how == "-c" else _SCRIPT, capture_output=True,
+                          text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1.0", "0.0"]
+
+
+@needs_math_verify
+def test_worker_exits_with_its_parent(tmp_path: Path) -> None:
+    script = (
+        "from saorl.envs import math_grader\n"
+        "math_grader.grade('\\\\boxed{\\\\sqrt{4}}', '2')\n"
+        "print(math_grader._worker.process.pid, flush=True)\n"
+        "import time; time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                              cwd=tmp_path)  # fmt: skip
+    try:
+        worker_pid = int(parent.stdout.readline())
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(worker_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(worker_pid)  # it read end-of-file on its request pipe and left
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return status.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
 
 
 def test_missing_math_verify_grades_zero_and_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,6 +1,6 @@
 """String-level reading of a math answer, for the grader's fast path (`saorl.envs.math_grader`).
 
-    normalize_answer("$\\dfrac{1}{2}$.")       # "\\frac{1}{2}"
+    normalize_answer("$\\dfrac{1}{2}$")        # "\\frac{1}{2}"
     count_alternatives("x = 1 \\text{ or } 2")  # 2
 
 `normalize_answer` gives the canonical form for the fast equality check. `count_alternatives`
@@ -18,10 +18,13 @@ so `{1 \\lor 2}`, `1 \u2228 2` and `1 \\operatorname{or} 2` are all seen. Separa
   `[1,3]`);
 - bars: `|` (`\\vert`) and `\\|` come in pairs around an absolute value or a norm, so an
   odd number of them outside brackets means one separates (`1 | 2`).
+- plus-minus: `\\pm`, `\\mp`, anywhere: math-verify reads `1 \\pm 2` as the set {-1, 3}, so
+  such a reference has two items (an answer listing both values is not a hedge) and such an
+  answer offers two.
 Not separators: `/` (a fraction; math-verify grades `1/2` by its value, which no single
-alternative shares), `\\pm` (math-verify reads `1 \\pm 2` as the set {-1, 3} and grades it as
-such), capital `OR`/`AND` (point names, as in segment `OR`), relations and other operators
-(`\\to`, `\\sim`, `\\oplus`, ...: the grader's math-verify path gives them no credit).
+alternative shares), capital `OR`/`AND` (point names, as in segment `OR`), relations and other
+operators (`\\to`, `\\sim`, `\\oplus`, ...: the grader's math-verify path gives them no
+credit).
 
 All functions are pure and linear in the length of their input.
 """
@@ -44,7 +47,12 @@ _WRAPPER_SCAN_RE = re.compile(
     rf"(?P<wrapper>\\(?:{_WRAPPERS})(?![A-Za-z])\s*\{{)|\\.|[{{}}]", re.DOTALL
 )
 _WHITESPACE_RE = re.compile(r"\s+")
+# Space between two digits is kept (as one space): `32 349` is not 32349 (math-verify reads a
+# product), `1\,000` not 1000.
+_DIGIT_GAP_RE = re.compile(r"(?<=\d)\s+(?=\d)")
 _THOUSANDS_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
+# `32,\!348`: the typeset thousands separator (a comma pulled to the digits), as `{,}` is.
+_TYPESET_SEPARATOR_RE = re.compile(r"(?<=\d),\\!\s*(?=\d)")
 
 
 def _unwrap(s: str) -> str:
@@ -70,6 +78,7 @@ def _unwrap(s: str) -> str:
 def _strip_markup(s: str) -> str:
     """Drop presentation-only LaTeX, keeping whitespace (word boundaries matter for hedges)."""
     s = s.replace("\\$", "").replace("$", "")
+    s = _TYPESET_SEPARATOR_RE.sub(",", s)
     s = _LEFT_RIGHT_RE.sub("", s)
     s = _SPACING_RE.sub(lambda m: m[0] if m[0] == "\\\\" else " ", s)
     s = _FRAC_RE.sub(r"\\frac", s)
@@ -79,15 +88,18 @@ def _strip_markup(s: str) -> str:
 def normalize_answer(answer: str) -> str:
     """Canonical string form for the fast equality check (never used to reject an answer).
 
-    Removes whitespace, `$` (and `\\$`), `\\left`/`\\right`/`\\big`..., `\\!`/`\\,`/`\\;`/`\\quad`,
-    `\\text{...}`-style wrappers (`_WRAPPERS`), trailing periods and thousands separators of a
-    plain number (`1,000` -> `1000`; `1,00` or `1,2` are lists and stay as they are); maps
-    `\\dfrac` and `\\tfrac` to `\\frac`. Linear in `len(answer)`.
+    Removes whitespace (space between two digits becomes one space: `32 349` is two numbers),
+    `$` (and `\\$`), `\\left`/`\\right`/`\\big`..., `\\!`/`\\,`/`\\;`/`\\quad`,
+    `\\text{...}`-style wrappers (`_WRAPPERS`) and the thousands separators of a well-formed
+    number (`1,000`, `1{,}000`, `1,\\!000` -> `1000`; a comma with space around it, or not
+    followed by a group of three digits, is a list: `32, 349`, `1,00`); maps `\\dfrac` and
+    `\\tfrac` to `\\frac`. A trailing period stays: math-verify does not read `\\boxed{42.}` as
+    42. Linear in `len(answer)`.
     """
-    s = _WHITESPACE_RE.sub("", _strip_markup(answer)).rstrip(".")
-    if _THOUSANDS_RE.fullmatch(s):
-        s = s.replace(",", "")
-    return s
+    stripped = _strip_markup(answer).strip()
+    if _THOUSANDS_RE.fullmatch(stripped):  # no space anywhere inside
+        return stripped.replace(",", "")
+    return _WHITESPACE_RE.sub("", _DIGIT_GAP_RE.sub("\0", stripped)).replace("\0", " ")
 
 
 # One token per environment boundary, macro, escaped character, word, number, run of spaces or
@@ -109,7 +121,8 @@ _UNICODE_OPERATORS = str.maketrans(
 )
 _OPENERS = frozenset({"(", "[", r"\{", r"\langle", r"\lbrace", r"\lbrack", r"\lceil", r"\lfloor"})
 _CLOSERS = frozenset({")", "]", r"\}", r"\rangle", r"\rbrace", r"\rbrack", r"\rceil", r"\rfloor"})
-_DISJUNCTIONS = frozenset({"or", r"\lor", r"\vee"})  # separate at any depth
+# Separate at any depth; `a \pm b` is two values, as math-verify reads it ({a - b, a + b}).
+_DISJUNCTIONS = frozenset({"or", r"\lor", r"\vee", r"\pm", r"\mp"})
 _SEPARATORS = frozenset(  # separate at the top level only
     {",", ";", "&", r"\&", "and", r"\land", r"\wedge", r"\mid", r"\parallel"}
     | {r"\\", r"\newline", r"\cr"}  # row breaks
