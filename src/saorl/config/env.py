@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -161,6 +162,32 @@ class EnvConfig(_Section):
     swe_max_output_chars: int = Field(
         2000, ge=100, description="env 'swe': characters of tool output shown per call"
     )
+    swe_task_envs: Literal["auto", "venv", "none"] = Field(
+        "auto",
+        description="env 'swe': the interpreter tools and grading run; 'venv' = a virtual "
+        "environment per repository and environment commit, with the repository installed "
+        "from its own metadata (pip install -e .[test] or requirements files; built once "
+        "under env.swe_cache_dir/envs, before any episode); 'none' = saorl's own interpreter "
+        "and packages; 'auto' = 'venv' for swebench-format tasks, 'none' for generated ones",
+    )
+    swe_pip_args: str = Field(
+        "",
+        description="env 'swe' task environments: extra pip install arguments, split as a "
+        "shell would, e.g. '--no-index --find-links /wheels --no-build-isolation' to build "
+        "offline from a local wheel directory; '' = pip's own configuration (its index)",
+    )
+    swe_env_build_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="env 'swe': seconds one task environment's pip install may take; a "
+        "slower build fails and its tasks are left out",
+    )
+    swe_validate: bool = Field(
+        True,
+        description="env 'swe' swebench: check every task before use (the gold patch resolves "
+        "it, an empty patch does not; verdicts cached under env.swe_cache_dir/validated); "
+        "failing tasks are logged with the reason and left out",
+    )
 
     @field_validator("name")
     @classmethod
@@ -196,6 +223,15 @@ class EnvConfig(_Section):
     @classmethod
     def _check_tools(cls, value: list[str]) -> list[str]:
         return [check_reference(v, builtins=(), what="tool function") for v in value]
+
+    @field_validator("swe_pip_args")
+    @classmethod
+    def _check_pip_args(cls, value: str) -> str:
+        try:
+            shlex.split(value)
+        except ValueError as e:  # an unclosed quote: pip would never get these arguments
+            raise ValueError(f"cannot split {value!r} into arguments: {e}") from None
+        return value
 
     @model_validator(mode="after")
     def _check_custom_fields(self) -> EnvConfig:

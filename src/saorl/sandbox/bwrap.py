@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 SANDBOX_WORKDIR = "/sandbox"
@@ -79,12 +80,16 @@ def bwrap_argv(
     host_dir: Path | None,
     tmpfs_bytes: int,
     file_fds: dict[str, int],
+    ro_binds: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> list[str]:
     """The full command: `bwrap <isolation> -- argv`, run in /sandbox.
 
     /sandbox is `host_dir` bound read-write, or without one a tmpfs holding `file_fds` (name ->
     fd to copy from). `version` gates flags older bwraps lack; `tmpfs_bytes` sizes every tmpfs,
-    which could otherwise fill host RAM where no memory cgroup charges them.
+    which could otherwise fill host RAM where no memory cgroup charges them. `ro_binds` are host
+    directories bound read-only at their own paths (a task's virtual environment); `env`
+    overrides or adds variables of `sandbox_env`.
     """
     uid = str(SANDBOX_UID)
     args = [bwrap, "--unshare-user", "--uid", uid, "--gid", uid, "--unshare-pid"]
@@ -93,7 +98,7 @@ def bwrap_argv(
     if version >= (0, 8):
         args.append("--disable-userns")  # no nested user namespaces: less kernel attack surface
     args.append("--clearenv")
-    for key, value in sandbox_env(SANDBOX_WORKDIR, "/tmp").items():
+    for key, value in {**sandbox_env(SANDBOX_WORKDIR, "/tmp"), **(env or {})}.items():
         args += ["--setenv", key, value]
     args += ["--ro-bind", "/usr", "/usr"]
     for top in TOP_DIRS:
@@ -110,6 +115,8 @@ def bwrap_argv(
     # must be bound on top of it, not hidden by it.
     for src, dest in python_mounts():
         args += ["--ro-bind", src, dest]
+    for path in ro_binds:
+        args += ["--ro-bind", path, path]
     if host_dir is not None:
         args += ["--bind", str(host_dir), SANDBOX_WORKDIR]
     else:

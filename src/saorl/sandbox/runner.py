@@ -124,17 +124,22 @@ def run(
     stdin: bytes | None = None,
     *,
     backend: Backend = "auto",
+    ro_binds: Sequence[str | Path] = (),
+    env: dict[str, str] | None = None,
 ) -> ExecResult:
     """Run `argv` (resolved on the sandbox's PATH: the venv's bin, then /usr/bin) contained.
 
     `workdir` is bound read-write at /sandbox (the cwd) and kept. Without it /sandbox is a fresh
     tmpfs of `Limits.file_size_bytes` under bwrap (a temporary host dir under the fallback),
-    gone after the call. Raises SandboxError only when the sandbox itself fails; an `argv` no
+    gone after the call. `ro_binds` are host directories made visible read-only at their own
+    paths (a coding task's virtual environment); `env` sets variables over the sandbox's own
+    (PATH included). Raises SandboxError only when the sandbox itself fails; an `argv` no
     process can be given (a NUL byte, past the kernel's length limit) is an "error" result.
     """
     if not argv:
         raise ValueError("argv must name a command")
-    return _call(list(argv), workdir, limits or Limits(), stdin, backend, {})
+    binds = tuple(str(Path(p).resolve()) for p in ro_binds)
+    return _call(list(argv), workdir, limits or Limits(), stdin, backend, {}, binds, env)
 
 
 def run_python(
@@ -156,6 +161,8 @@ def _call(
     stdin: bytes | None,
     backend: Backend,
     files: dict[str, bytes],
+    ro_binds: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> ExecResult:
     """One bounded-concurrency call; `files` are put in a fresh /sandbox before the start.
 
@@ -173,11 +180,11 @@ def _call(
         return exec_result("error", 127, f"cannot execute: {problem}", out, err, 0.0, False, chosen)
     with _slot():
         if workdir is None and chosen == "bwrap":
-            return execute(argv, None, limits, stdin, chosen, _probe(), files)
+            return execute(argv, None, limits, stdin, chosen, _probe(), files, ro_binds, env)
         with _work_dir(workdir) as host_dir:
             for name, data in files.items():
                 (host_dir / name).write_bytes(data)
-            return execute(argv, host_dir, limits, stdin, chosen, _probe())
+            return execute(argv, host_dir, limits, stdin, chosen, _probe(), None, ro_binds, env)
 
 
 async def arun(

@@ -54,7 +54,7 @@ from saorl.envs.swe.workspace import (
 from saorl.rollout.tools import ToolCallError, ToolFormat
 
 _CACHE_SIZE = 4096
-_cache: OrderedDict[tuple[str, str, str], GradeResult] = OrderedDict()
+_cache: OrderedDict[tuple[str, str, str, str], GradeResult] = OrderedDict()
 _cache_lock = threading.Lock()
 _log = logging.getLogger(__name__)
 
@@ -70,7 +70,8 @@ def cached_grade(task: SweTask, changes: Changes, **kwargs: Any) -> GradeResult:
     """`grade`, memoised on the changes grading applies (normalised paths, protected ones, caches
     and bytecode left out), so changes that differ only in what grading ignores share a grade."""
     kept = gradable(changes, task.protected)
-    key = (task.key, str(task.snapshot), _digest(kept))
+    env = getattr(task, "env", None)
+    key = (task.key, str(task.snapshot), env.key if env else "", _digest(kept))
     with _cache_lock:
         if key in _cache:
             _cache.move_to_end(key)
@@ -167,7 +168,8 @@ class SweEnv:
         else:
             self.tool_counts[call.name] = self.tool_counts.get(call.name, 0) + 1
             work = await asyncio.to_thread(self._workdir)
-            outcome = await asyncio.to_thread(self.runner.run, call, work)
+            task_env = (self.task.env,) if self.task.env else ()  # a runner of 2 arguments too
+            outcome = await asyncio.to_thread(self.runner.run, call, work, *task_env)
             result = self._observe(outcome.text, tool_status=outcome.status, **describe(call))
             if await asyncio.to_thread(self._over_disk_budget):
                 await asyncio.to_thread(self._cleanup)  # free the disk now; nothing to grade

@@ -24,8 +24,9 @@ What this defends (tests/faults/test_grading_integrity.py tries each):
   empty one, so no other `pytest.ini`, `.pytest.ini`, `pytest.toml`, `.pytest.toml`,
   `pyproject.toml`, `tox.ini` or `setup.cfg` anywhere is read; `PYTEST_*` variables are
   cleared; plugin auto-loading is off and only the environment's plugins (SWE-bench tasks,
-  `plugin_autoload`: every `pytest11` entry point in the interpreter's site-packages) load by
-  name, looked up on the interpreter's own path, where no `*.dist-info` of the repository is.
+  `plugin_autoload`: every `pytest11` entry point in the interpreter's site-packages; with a
+  per-task environment, those its build recorded, the project's own left out) load by name,
+  looked up on the interpreter's own path, where no `*.dist-info` of the repository is.
 - Interpreter start-up: `python -I` keeps the repository off `sys.path` until plugins are
   loaded, so its `pytest.py`, `_pytest/`, `sitecustomize.py`, `usercustomize.py` or `*.pth` do
   not run at start-up; forged bytecode is never read (an empty `sys.pycache_prefix`).
@@ -70,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from saorl.envs.swe.task import TaskEnv
 from saorl.envs.swe.workspace import (
     SKIP_DIRS,
     SKIP_SUFFIXES,
@@ -79,7 +81,7 @@ from saorl.envs.swe.workspace import (
     remove_tree,
     safe_relpath,
 )
-from saorl.sandbox import ExecResult, Limits, run
+from saorl.sandbox import ExecResult, Limits, middle_truncate, run
 
 PASSING = ("passed", "xfailed")
 INFRASTRUCTURE = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
@@ -300,11 +302,16 @@ def run_packed(
     max_lines: int = 0,
     disk_bytes: int = GRADE_DISK_BYTES,
     limits: Limits | None = None,
+    env: TaskEnv | None = None,
+    collect_all: bool = False,
 ) -> TestRun:
-    """`run_tests` on a packed repository (see the module docstring for the sandbox)."""
+    """`run_tests` on a packed repository (see the module docstring for the sandbox). With
+    `env` the tests run with that per-task environment's interpreter (its venv bound read-only)
+    and its import roots; `collect_all` runs every test of the files `test_ids` name."""
     nonce = secrets.token_hex(16)
     spec = {"ids": test_ids, "nonce": nonce, "timeout_s": test_timeout_s,
-            "plugins": list(plugins), "config": config, "max_lines": max_lines}  # fmt: skip
+            "plugins": list(plugins), "config": config, "max_lines": max_lines,
+            "paths": list(env.roots) if env else [], "all": collect_all}  # fmt: skip
     tmpfs = packed.disk_bytes + disk_bytes
     limits = limits or Limits(
         wall_s=wall_s,
@@ -315,9 +322,10 @@ def run_packed(
         output_bytes=RESULTS_BYTES,
     )
     result: ExecResult = run(
-        [sys.executable, "-I", "-B", "-c", runner_source()],
+        [env.python if env else sys.executable, "-I", "-B", "-c", runner_source()],
         limits=limits,
         stdin=json.dumps(spec).encode() + b"\n" + packed.data,
+        ro_binds=(env.venv,) if env else (),
     )
     statuses: dict[str, str] = {}
     messages: dict[str, str] = {}
@@ -331,8 +339,9 @@ def run_packed(
         except (ValueError, KeyError, TypeError):
             continue
         statuses.setdefault(test_id, status)
-        messages.setdefault(test_id, str(rec.get("message", ""))[:500])
-    for test_id in test_ids:
+        # both ends: a collection error's cause (ModuleNotFoundError: ...) is its last line
+        messages.setdefault(test_id, middle_truncate(str(rec.get("message", "")), 500))
+    for test_id in [] if collect_all else test_ids:
         if test_id not in statuses:
             statuses[test_id] = "timeout" if result.timed_out else "missing"
             messages[test_id] = result.reason if result.timed_out else "never reported"
@@ -347,16 +356,49 @@ class Prepared:
     config: str | None  # the pytest config file in it, if any
 
 
-def prepare(task: Any, changes: Changes, parent: Path | None = None) -> Prepared:
-    """A fresh copy of the snapshot with the test patch and the agent's gradable changes."""
+def prepare(
+    task: Any, changes: Changes, parent: Path | None = None, ids: Sequence[str] | None = None
+) -> Prepared:
+    """A fresh copy of the snapshot with the test patch and the agent's gradable changes; the
+    config file is the one pytest would pick for `ids` (default: the task's) before them."""
     work = copy_tree(task.base_dir(), parent, prefix="saorl-swe-grade-")
     error = apply_patch(work, task.test_patch)
     if error:
         return Prepared(work, f"test_patch does not apply: {error}", None)
-    ids = [*task.fail_to_pass, *task.pass_to_pass]
+    ids = [*task.fail_to_pass, *task.pass_to_pass] if ids is None else list(ids)
     config = pytest_config_file(work, ids)
     apply_changes(work, gradable(changes, (*task.protected, *config)))
     return Prepared(work, "", config[0] if config else None)
+
+
+def run_task_tests(
+    task: Any,
+    changes: Changes,
+    ids: list[str],
+    *,
+    collect_all: bool = False,
+    test_timeout_s: float = 10.0,
+    wall_s: float = 300.0,
+    parent: Path | None = None,
+    disk_bytes: int = GRADE_DISK_BYTES,
+) -> TestRun | str:
+    """Run `ids` (with `collect_all`: every test of those files) on the task's snapshot with
+    its test patch and `changes`, as grading does; a str is why nothing could run."""
+    prepared = prepare(task, changes, parent, ids)
+    try:
+        if prepared.error:
+            return prepared.error
+        packed = pack_tree(prepared.work)
+    finally:
+        remove_tree(prepared.work)  # the run never touches the host disk
+    env = getattr(task, "env", None)
+    if env is not None:
+        plugins: Sequence[str] = env.plugins
+    else:
+        plugins = installed_plugins() if task.plugin_autoload else ()
+    return run_packed(packed, ids, test_timeout_s=test_timeout_s, wall_s=wall_s, plugins=plugins,
+                      config=prepared.config, disk_bytes=disk_bytes, env=env,
+                      collect_all=collect_all)  # fmt: skip
 
 
 def grade(
@@ -370,17 +412,11 @@ def grade(
 ) -> GradeResult:
     """Grade `changes` against `task` (a `SweTask`); see the module docstring."""
     f2p, p2p = list(task.fail_to_pass), list(task.pass_to_pass)
-    prepared = prepare(task, changes, parent)
-    try:
-        if prepared.error:
-            return GradeResult(False, dict.fromkeys(f2p, "missing"),
-                               dict.fromkeys(p2p, "missing"), error=prepared.error)  # fmt: skip
-        packed = pack_tree(prepared.work)
-    finally:
-        remove_tree(prepared.work)  # the run never touches the host disk
-    plugins = installed_plugins() if task.plugin_autoload else ()
-    runs = run_packed(packed, f2p + p2p, test_timeout_s=test_timeout_s, wall_s=wall_s,
-                      plugins=plugins, config=prepared.config, disk_bytes=disk_bytes)  # fmt: skip
+    runs = run_task_tests(task, changes, f2p + p2p, test_timeout_s=test_timeout_s,
+                          wall_s=wall_s, parent=parent, disk_bytes=disk_bytes)  # fmt: skip
+    if isinstance(runs, str):
+        return GradeResult(False, dict.fromkeys(f2p, "missing"), dict.fromkeys(p2p, "missing"),
+                           error=runs)  # fmt: skip
     f2p_status = {t: runs.statuses[t] for t in f2p}
     p2p_status = {t: runs.statuses[t] for t in p2p}
     resolved = bool(f2p) and all(runs.passed(t) for t in f2p + p2p)

@@ -1,12 +1,15 @@
 """Runs INSIDE the sandbox (as `python -I -B -c <this source>`): pytest on chosen test ids.
 
 stdin: one JSON line, the spec `{"ids": [...], "nonce": HEX, "timeout_s": T, "plugins": [...],
-"config": PATH or null, "max_lines": N}`, then a tar stream of the repository, extracted into the
-cwd (a sized tmpfs). Collects the files the ids live in, keeps only the wanted items, runs them
-with a per-test alarm of `timeout_s`, and reports each finished test as it goes (a run killed by
-the outer wall-clock limit still reports every test that finished) as one stdout line
-`NONCE {"id": ..., "status": "passed|failed|error|skipped|xfailed|timeout", "message": ...}`.
-Everything else the process prints goes to stderr.
+"config": PATH or null, "max_lines": N, "paths": [...], "all": BOOL}`, then a tar stream of the
+repository, extracted into the cwd (a sized tmpfs). Collects the files the ids live in, keeps
+only the wanted items (every item of those files with `all`, task mining), runs them with a
+per-test alarm of `timeout_s`, and reports each finished test as it goes (a run killed by the
+outer wall-clock limit still reports every test that finished) as one stdout line
+`NONCE {"id": ..., "status": "passed|failed|error|skipped|xfailed|timeout", "message": ...}`;
+with `all`, a file that fails to collect is reported under its path. Everything else the
+process prints goes to stderr. `paths` are the repository's import roots (relative: `src`,
+`.`), which a per-task environment's editable install would have put on `sys.path`.
 
 How the run stays what the grader asked for, whatever the repository holds:
 - Config: `-c` names the one config file, the task's own (`config`, a path in the repository
@@ -18,7 +21,7 @@ How the run stays what the grader asked for, whatever the repository holds:
   while `importlib.metadata` sees only the interpreter's own path: a `*.dist-info` anywhere in
   the repository cannot register or replace one. The repository root goes on `sys.path` only
   after plugins are loaded (`python -I` keeps it off until then, so a `pytest.py`,
-  `sitecustomize.py` or `.pth` there is never run by start-up).
+  `sitecustomize.py` or `.pth` there is never run by start-up), and so do its import roots.
 - Bytecode: `sys.pycache_prefix` is a fresh empty directory, so no `__pycache__` in the
   repository (pytest's rewritten test modules included) is ever read.
 - Results: written to a duplicate of the original stdout pipe, each line prefixed with the
@@ -29,6 +32,9 @@ How the run stays what the grader asked for, whatever the repository holds:
 Other decisions:
 - The alarm raises a BaseException subclass, so `except Exception` in a test cannot swallow it;
   pytest reports it as that test's failure and goes on to the next test.
+- `--continue-on-collection-errors`: a file that fails to collect (a test of a function the fix
+  adds) leaves the tests of the other files running, as their own results; otherwise pytest
+  runs nothing and mining would count them as failing before the fix.
 - `max_lines` (task generation) also stops a test after that many executed lines of Python,
   counted by a trace function: a budget that, unlike the clock, gives the same verdict on a
   loaded machine, so which mutants count as hanging never depends on the load.
@@ -59,11 +65,13 @@ def _message(report: Any) -> str:
 def make_recorder(
     pytest: Any,
     emit: Any,
-    wanted: set[str],
+    wanted: set[str] | None,
     timeout_s: float,
     max_lines: int = 0,
     on_plugins_loaded: Any = None,
 ) -> Any:
+    """The recording plugin; `wanted` None keeps every collected item."""
+
     class Recorder:
         def __init__(self) -> None:
             self.phases: dict[str, dict[str, Any]] = {}
@@ -83,8 +91,8 @@ def make_recorder(
             raise TestTimeout(f"test timed out after {timeout_s:g} s")
 
         def pytest_collection_modifyitems(self, session: Any, config: Any, items: list) -> None:
-            keep = [i for i in items if i.nodeid in wanted]
-            dropped = [i for i in items if i.nodeid not in wanted]
+            keep = [i for i in items if wanted is None or i.nodeid in wanted]
+            dropped = [i for i in items if wanted is not None and i.nodeid not in wanted]
             items[:] = keep
             if dropped:
                 config.hook.pytest_deselected(items=dropped)
@@ -143,6 +151,10 @@ def make_recorder(
             self._write(nodeid, rec["status"], rec["message"])
 
         def pytest_sessionfinish(self, session: Any, exitstatus: int) -> None:
+            if wanted is None:
+                for path, error in sorted(self.collect_errors.items()):
+                    self._write(path, "error", f"collection failed: {error}")
+                return
             for nodeid in sorted(wanted - self.written):
                 error = self.collect_errors.get(nodeid.split("::")[0])
                 if error is not None:
@@ -217,15 +229,21 @@ def main() -> int:
     env_path = [p for p in sys.path if p and not _inside(p, root)]
     restore = restrict_metadata(env_path)
 
+    roots = [os.path.normpath(os.path.join(root, r)) for r in spec.get("paths", [])]
+
     def on_plugins_loaded() -> None:
         restore()
-        if root not in sys.path:
-            sys.path.insert(0, root)  # as `python -m pytest` would: the repository imports
+        # As `python -m pytest` with the repository installed editable: the repository and
+        # its import roots (`src`) come first.
+        for path in reversed(list(dict.fromkeys([root, *roots]))):
+            if _inside(path, root) and path not in sys.path:
+                sys.path.insert(0, path)
 
     import pytest
 
-    wanted = set(spec["ids"])
-    files = sorted({i.split("::")[0] for i in wanted if os.path.isfile(i.split("::")[0])})
+    ids = set(spec["ids"])
+    wanted = None if spec.get("all") else ids
+    files = sorted({i.split("::")[0] for i in ids if os.path.isfile(i.split("::")[0])})
     if not files:
         print("none of the test files exist", file=sys.stderr)
         return 4
@@ -241,7 +259,8 @@ def main() -> int:
         on_plugins_loaded,
     )  # fmt: skip
     args = [*files, "-c", config, "--rootdir", root, "--confcutdir", root,
-            "-p", "no:cacheprovider", "-q", "--tb=short"]  # fmt: skip
+            "-p", "no:cacheprovider", "-q", "--tb=short",
+            "--continue-on-collection-errors"]  # fmt: skip
     try:
         return int(pytest.main(args, plugins=[recorder, *map(str, spec.get("plugins", []))]))
     finally:

@@ -56,10 +56,18 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
     if cfg.swe_source == "generated":
         from saorl.envs.swe.gen.generator import generate_pool
 
+        if cfg.swe_task_envs == "venv":
+            raise ConfigError(
+                "env.swe_task_envs: 'venv' builds environments from a repository's metadata, "
+                "which generated tasks do not have; use 'auto' or 'none' with swe_source = "
+                "'generated'"
+            )
+
         num_train = 0 if held_out_only else cfg.swe_num_tasks  # held-out tasks come first
         held_out, train = generate_pool(cfg.seed, cfg.eval_size, num_train, cache)
     elif cfg.swe_source == "swebench":
         from saorl.envs.swe.swebench import load_swebench
+        from saorl.envs.swe.validate import prepare_tasks
 
         if not cfg.swe_tasks:
             raise ConfigError(
@@ -67,6 +75,7 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
             )
         check_pytest()
         tasks = load_swebench(cfg.swe_tasks, cfg.swe_repos_root, cache)
+        tasks = prepare_tasks(tasks, cfg, cache)  # environments built, tasks validated
         n_eval = min(cfg.eval_size, len(tasks))
         if held_out_only and "eval_size" not in cfg.model_fields_set:
             n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set

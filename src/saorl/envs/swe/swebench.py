@@ -11,11 +11,13 @@ JSON-encoded as strings, as the Hugging Face dataset stores them), `test_patch` 
 and each episode works on a copy of it; the agent does not see `test_patch`, which grading
 applies (after restoring every file it touches, and every file a test id names).
 
-Only pytest-style ids (`path/test_x.py::test_name[param]`) can be graded; repositories graded
-with their own runner (django's `runtests.py`, sympy's `bin/test`) are out of scope, and so is
-building compiled extensions: the sandbox runs this interpreter with its installed packages.
-Grading loads the pytest plugins installed with this interpreter (`plugin_autoload`), each by
-its entry point name, and reads the repository's own pytest config file as `base_commit` and
+Each task names its environment's source (`EnvSource`: the checkout at
+`environment_setup_commit`, else `base_commit`); `venv.py` builds it and `validate.py` checks the
+task before use (both applied by `spec.py`). Only pytest-style ids
+(`path/test_x.py::test_name[param]`) can be graded; repositories graded with their own runner
+(django's `runtests.py`, sympy's `bin/test`) are out of scope, and so is building compiled
+extensions. Grading loads the environment's pytest plugins (`plugin_autoload`), each by its
+entry point name, and reads the repository's own pytest config file as `base_commit` and
 `test_patch` leave it; a submission can change neither (see grading.py).
 """
 
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError
-from saorl.envs.swe.task import SweTask
+from saorl.envs.swe.task import EnvSource, SweTask
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS",
             "PASS_TO_PASS", "test_patch")  # fmt: skip
@@ -115,36 +117,42 @@ def load_swebench(path: str | Path, repos_root: str | Path, cache_dir: Path) -> 
         if missing:
             raise ConfigError(f"{where}: missing key(s) {', '.join(missing)}")
         repo = find_repo(root, str(row["repo"]), where)
-        commit = str(row["base_commit"])
-        if _git(repo, "cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-            raise ConfigError(
-                f"{where}: base_commit {commit} is not in {repo}; fetch it (git -C {repo} "
-                "fetch --all) or use a full clone"
-            )
-        f2p = _ids(row["FAIL_TO_PASS"], "FAIL_TO_PASS", where)
-        p2p = _ids(row["PASS_TO_PASS"], "PASS_TO_PASS", where)
-        test_patch = str(row["test_patch"])
-        named = sorted({t.split("::")[0] for t in f2p + p2p})
-        protected = tuple(dict.fromkeys([*patch_paths(test_patch), *named]))
-        instance = str(row["instance_id"])
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", instance)
-        tasks.append(
-            SweTask(
-                key=instance,
-                prompt=str(row["problem_statement"]),
-                fail_to_pass=f2p,
-                pass_to_pass=p2p,
-                snapshot=cache_dir / "swebench" / f"{safe}-{commit[:12]}",
-                fill=functools.partial(_archive, repo, commit),  # picklable: checkpoints
-                answer=str(row.get("patch") or ""),
-                test_patch=test_patch,
-                protected=protected,
-                plugin_autoload=True,
-            )
-        )
+        tasks.append(task_from_row(row, repo, cache_dir, where))
     if not tasks:
         raise ConfigError(f"env.swe_tasks: {path} holds no tasks")
     return tasks
+
+
+def task_from_row(row: dict[str, Any], repo: Path, cache_dir: Path, where: str) -> SweTask:
+    """The task of one SWE-bench row whose repository is the checkout `repo`."""
+    commit = str(row["base_commit"])
+    env_commit = str(row.get("environment_setup_commit") or commit)
+    for key, value in (("base_commit", commit), ("environment_setup_commit", env_commit)):
+        if _git(repo, "cat-file", "-e", f"{value}^{{commit}}").returncode != 0:
+            raise ConfigError(
+                f"{where}: {key} {value} is not in {repo}; fetch it (git -C {repo} "
+                "fetch --all) or use a full clone"
+            )
+    f2p = _ids(row["FAIL_TO_PASS"], "FAIL_TO_PASS", where)
+    p2p = _ids(row["PASS_TO_PASS"], "PASS_TO_PASS", where)
+    test_patch = str(row["test_patch"])
+    named = sorted({t.split("::")[0] for t in f2p + p2p})
+    protected = tuple(dict.fromkeys([*patch_paths(test_patch), *named]))
+    instance = str(row["instance_id"])
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", instance)
+    return SweTask(
+        key=instance,
+        prompt=str(row["problem_statement"]),
+        fail_to_pass=f2p,
+        pass_to_pass=p2p,
+        snapshot=cache_dir / "swebench" / f"{safe}-{commit[:12]}",
+        fill=functools.partial(_archive, repo, commit),  # picklable: checkpoints
+        answer=str(row.get("patch") or ""),
+        test_patch=test_patch,
+        protected=protected,
+        plugin_autoload=True,
+        source=EnvSource(str(row["repo"]), str(repo.resolve()), env_commit),
+    )
 
 
 def changes_from_patch(task: SweTask, patch: str) -> dict[str, bytes | None]:

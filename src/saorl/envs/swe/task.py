@@ -2,7 +2,9 @@
 
 Both task sources produce `SweTask`s: the generator (`generator.py`, a small Python repository
 with an injected bug) and the SWE-bench loader (`swebench.py`, a local checkout at a base
-commit). The environment and the grader only see this class.
+commit). The environment and the grader only see this class. A SWE-bench task also names where
+its environment comes from (`EnvSource`) and, once `venv.py` has built it, carries it
+(`TaskEnv`): the interpreter its tools and its grading run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from saorl.envs.swe.workspace import Changes, materialize
+
+
+@dataclass(frozen=True)
+class EnvSource:
+    """What a task's environment is built from: a repository checkout at a commit."""
+
+    repo: str  # the task's `repo` ("owner/name" or "name")
+    checkout: str  # the local git checkout
+    commit: str  # SWE-bench's `environment_setup_commit` (else the base commit)
+
+
+@dataclass(frozen=True)
+class TaskEnv:
+    """A built per-task virtual environment (see venv.py). Paths are absolute and resolved:
+    the venv is bound read-only at the same path inside the sandbox."""
+
+    venv: str
+    roots: tuple[str, ...]  # import roots relative to the repository root ("src", ".")
+    plugins: tuple[str, ...]  # pytest11 entry-point names grading loads
+    key: str  # the cache key (its directory's name)
+
+    @property
+    def python(self) -> str:
+        return f"{self.venv}/bin/python"
+
+    def sandbox_env(self, root: str = "/sandbox") -> dict[str, str]:
+        """Variables of a tool call in the repository at `root`: the venv's `python` and
+        `pytest` first on PATH, the repository's import roots on PYTHONPATH (an editable
+        install's effect, without the install pointing at a host path)."""
+        paths = [root if r == "." else f"{root}/{r}" for r in self.roots]
+        return {
+            "PATH": f"{self.venv}/bin:/usr/local/bin:/usr/bin:/bin",
+            "VIRTUAL_ENV": self.venv,
+            "PYTHONPATH": ":".join(paths),
+        }
 
 
 @dataclass(eq=False)
@@ -33,6 +70,8 @@ class SweTask:
     gold: Changes | None = field(default=None, repr=False)  # the fix as changes, when known
     # the fix as one str_replace (path, old, new), for demonstrations; generated tasks only
     edit: tuple[str, str, str] | None = field(default=None, repr=False)
+    source: EnvSource | None = None  # where a per-task environment is built from (SWE-bench)
+    env: TaskEnv | None = None  # the built environment; None: saorl's own interpreter
 
     def base_dir(self) -> Path:
         """The snapshot directory, materialized on first use (read it, never write it)."""

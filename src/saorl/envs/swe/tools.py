@@ -13,7 +13,9 @@ byte, a lone surrogate, a command past the kernel's 128 KiB argument limit) and 
 caps below.
 
 `bash` runs `bash -c COMMAND` in the sandbox over the episode's repository copy, with a wall-clock
-limit and capped output. The file tools run `sandbox_tools.py` in the sandbox the same way.
+limit and capped output; with a per-task environment (`TaskEnv`), its venv is bound read-only and
+comes first on PATH (`python`, `pytest`), and the repository's import roots are on PYTHONPATH.
+The file tools run `sandbox_tools.py` in the sandbox the same way, with saorl's interpreter.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saorl.envs.swe.task import TaskEnv
 from saorl.rollout.tools import ToolCall, ToolCallError, ToolFormat, parse_tool_call
 from saorl.sandbox import Limits, middle_truncate, run
 
@@ -147,13 +150,16 @@ class ToolRunner:
             output_bytes=max(4 * self.max_output_chars, 1 << 16),
         )
 
-    def run(self, call: ToolCall, workdir: Path) -> ToolOutcome:
-        """Execute an argument-checked call (not `submit`) and return its observation."""
+    def run(self, call: ToolCall, workdir: Path, env: TaskEnv | None = None) -> ToolOutcome:
+        """Execute an argument-checked call (not `submit`) and return its observation; `bash`
+        runs with the task's environment `env` when it has one."""
         if call.name == "bash":
             result = run(
                 ["bash", "-c", call.arguments["command"]],
                 workdir=workdir,
                 limits=self._limits(self.command_timeout_s),
+                ro_binds=(env.venv,) if env else (),
+                env=env.sandbox_env() if env else None,
             )
             return ToolOutcome(result.to_observation(self.max_output_chars), result.status)
         spec = {"tool": call.name, "args": call.arguments}

@@ -1,0 +1,216 @@
+"""SWE-bench tasks checked before use, as SWE-bench validates its instances: the gold patch
+resolves the task and an empty patch does not.
+
+    usable = prepare_tasks(load_swebench(...), cfg, cache_dir)   # what spec.py does
+    results = check_tasks(tasks, cfg, cache_dir)                  # what `saorl swe-validate` prints
+
+`check_tasks` first builds each task's environment (`venv.py`, unless `env.swe_task_envs =
+"none"`), then grades the gold patch and the empty patch in the sandbox, exactly as an episode
+is graded. Each task gets a `Validation`: "valid", "invalid" (with the reason: the gold patch
+does not apply or leaves named tests failing, an empty patch already resolves it, no gold patch)
+or "env_error" (pip's error). `prepare_tasks` keeps the valid ones, logs the others, and raises a
+ConfigError when none remain.
+
+Verdicts are cached under `<cache>/validated/`, keyed by the task id and a hash of all the
+verdict depends on (tests, both patches, snapshot, environment key, grading code), so a task
+file is validated once and read back on later loads; a verdict that involved a timeout or a
+missing result (a loaded machine) is not cached, nor is an environment that failed to build.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import re
+import shlex
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from saorl.config import ConfigError, EnvConfig
+from saorl.envs.swe.grading import GradeResult, grade
+from saorl.envs.swe.swebench import changes_from_patch
+from saorl.envs.swe.task import SweTask
+from saorl.envs.swe.venv import attach_envs
+
+VERSION = "1"
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Validation:
+    key: str  # the task's instance id
+    status: str  # "valid", "invalid" or "env_error"
+    reason: str
+    seconds: float
+    cached: bool = False
+
+
+@functools.cache
+def code_hash() -> str:
+    here = Path(__file__).parent
+    h = hashlib.sha256(VERSION.encode())
+    for name in ("grading.py", "pytest_runner.py", "validate.py", "venv.py", "venv_probe.py",
+                 "swebench.py", "mine.py"):  # fmt: skip
+        h.update((here / name).read_bytes())
+    return h.hexdigest()
+
+
+def fingerprint(task: SweTask) -> str:
+    """What a verdict depends on, hashed."""
+    env = task.env.key if task.env else ""
+    data = [task.key, task.fail_to_pass, task.pass_to_pass, task.test_patch, task.answer,
+            task.protected, str(task.snapshot), env, code_hash()]  # fmt: skip
+    return hashlib.sha256(json.dumps(data).encode()).hexdigest()
+
+
+def _brief(message: str) -> str:
+    """A test's message on one line: its first line and, if more, its last (the cause)."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    text = lines[0] + (f" ... {lines[-1]}" if len(lines) > 1 else "") if lines else ""
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _failures(result: GradeResult, limit: int = 3) -> str:
+    if result.error:
+        return result.error
+    bad = [(t, s) for t, s in {**result.fail_to_pass, **result.pass_to_pass}.items()
+           if s not in ("passed", "xfailed")]  # fmt: skip
+    shown = [f"{t} {s}" + (f" ({_brief(m)})" if (m := result.messages.get(t)) else "")
+             for t, s in bad[:limit]]  # fmt: skip
+    more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
+    return "; ".join(shown) + more
+
+
+def _definitive(*results: GradeResult) -> bool:
+    statuses = [s for r in results for s in {**r.fail_to_pass, **r.pass_to_pass}.values()]
+    return not any(s in ("timeout", "missing") for s in statuses)
+
+
+def validate_task(task: SweTask, **grade_kw: Any) -> tuple[Validation, bool]:
+    """(the verdict, whether it may be cached): gold resolves, empty does not."""
+    start = time.monotonic()
+
+    def verdict(status: str, reason: str, cacheable: bool = True) -> tuple[Validation, bool]:
+        return Validation(task.key, status, reason, time.monotonic() - start), cacheable
+
+    if not task.fail_to_pass:
+        return verdict("invalid", "FAIL_TO_PASS is empty")
+    if not task.answer.strip():
+        return verdict("invalid", "no gold patch (`patch`) to check the task with")
+    try:
+        gold_changes = changes_from_patch(task, task.answer)
+    except ValueError as e:
+        return verdict("invalid", f"the gold patch does not apply: {str(e)[-500:]}")
+    gold = grade(task, gold_changes, **grade_kw)
+    if not gold.resolved:
+        reason = f"the gold patch does not resolve it: {_failures(gold)}"
+        return verdict("invalid", reason, _definitive(gold))
+    empty = grade(task, {}, **grade_kw)
+    if empty.resolved:
+        return verdict("invalid", "an empty patch resolves it (every FAIL_TO_PASS test passes "
+                       "without the fix)")  # fmt: skip
+    return verdict("valid", "", _definitive(gold, empty))
+
+
+def _cache_path(cache_dir: Path, task: SweTask) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", task.key)[:100]
+    return cache_dir / "validated" / f"{safe}-{fingerprint(task)[:20]}.json"
+
+
+def validate_cached(task: SweTask, cache_dir: Path, use_cache: bool = True,
+                    **grade_kw: Any) -> Validation:  # fmt: skip
+    path = _cache_path(cache_dir, task)
+    if use_cache:
+        try:
+            return Validation(**{**json.loads(path.read_text()), "cached": True})
+        except (OSError, ValueError, TypeError):
+            pass
+    result, cacheable = validate_task(task, **grade_kw)
+    if cacheable:
+        store_verdict(cache_dir, task, result)
+    return result
+
+
+def store_verdict(cache_dir: Path, task: SweTask, result: Validation) -> None:
+    path = _cache_path(cache_dir, task)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(asdict(result)))
+    os.replace(tmp, path)
+
+
+def default_jobs() -> int:
+    return max(1, min(os.cpu_count() or 1, 2))
+
+
+def check_tasks(
+    tasks: list[SweTask],
+    cfg: EnvConfig,
+    cache_dir: Path,
+    *,
+    use_cache: bool = True,
+    jobs: int | None = None,
+) -> list[tuple[SweTask, Validation]]:
+    """Every task, in order, with its environment attached (when built) and its verdict."""
+    by_key: dict[str, Validation] = {}
+    ready = tasks
+    if cfg.swe_task_envs != "none":
+        ready, failed = attach_envs(tasks, cache_dir, shlex.split(cfg.swe_pip_args),
+                                    cfg.swe_env_build_timeout_s)  # fmt: skip
+        by_key.update({f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed})
+    kw = {"test_timeout_s": cfg.swe_test_timeout_s, "wall_s": cfg.swe_grade_timeout_s,
+          "parent": cache_dir / "work"}  # fmt: skip
+    with ThreadPoolExecutor(jobs or default_jobs()) as pool:
+        results = pool.map(lambda t: validate_cached(t, cache_dir, use_cache, **kw), ready)
+        by_key.update((r.key, r) for r in results)
+    attached = {t.key: t for t in ready}
+    return [(attached.get(t.key, t), by_key[t.key]) for t in tasks]
+
+
+def table(results: list[Validation], reason_chars: int = 120) -> str:
+    """The verdicts as a fixed-width text table: task, status, reason (first line, cut to
+    `reason_chars`), seconds."""
+    rows = [("task", "status", "reason", "seconds")]
+    for r in results:
+        reason = (r.reason.splitlines() or ["-"])[0]
+        reason = reason if len(reason) <= reason_chars else reason[: reason_chars - 3] + "..."
+        rows.append((r.key, r.status, reason, f"{r.seconds:.1f}" + (" cached" if r.cached else "")))
+    width = [max(len(row[i]) for row in rows) for i in range(3)]
+    return "\n".join(
+        f"{a:<{width[0]}}  {b:<{width[1]}}  {c:<{width[2]}}  {d}".rstrip() for a, b, c, d in rows
+    )
+
+
+def prepare_tasks(tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path,
+                  where: str = "env.swe_tasks") -> list[SweTask]:  # fmt: skip
+    """The usable tasks: environments built (env.swe_task_envs) and, with env.swe_validate,
+    validated; the others are logged with their reason. ConfigError when none remain."""
+    if cfg.swe_task_envs == "none" and not cfg.swe_validate:
+        return tasks
+    if cfg.swe_validate:
+        checked = check_tasks(tasks, cfg, cache_dir)
+    else:
+        ready, failed = attach_envs(tasks, cache_dir, shlex.split(cfg.swe_pip_args),
+                                    cfg.swe_env_build_timeout_s)  # fmt: skip
+        bad = {f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed}
+        ok = {t.key: t for t in ready}
+        checked = [(ok.get(t.key, t), bad.get(t.key) or Validation(t.key, "valid", "", 0.0))
+                   for t in tasks]  # fmt: skip
+    kept = [t for t, v in checked if v.status == "valid"]
+    dropped = [v for _, v in checked if v.status != "valid"]
+    if dropped:
+        details = "".join(f"\n{v.key}: " + "\n    ".join(v.reason.splitlines()[:6])
+                          for v in dropped)  # fmt: skip
+        _log.warning("env 'swe': %d of %d tasks left out (not trained or evaluated on):\n%s\n%s",
+                     len(dropped), len(tasks), table(dropped), details)  # fmt: skip
+    if not kept:
+        reasons = "; ".join(f"{v.key}: {v.status}: {v.reason[:300]}" for v in dropped[:5])
+        raise ConfigError(f"{where}: none of the {len(tasks)} tasks is usable ({reasons})")
+    return kept
