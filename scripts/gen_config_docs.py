@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from saorl.config import Config
 from saorl.config.io import bounds_text
+from saorl.config.presets import preset_rows
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "config.md"
@@ -149,7 +150,16 @@ def render() -> str:
             lines.append(
                 f"| `{section}.{name}` | {kind} | {shown} | {_cell(field.description or '')} |"
             )
+    lines += ["", "## algorithm.name presets", "", _cell(PRESETS_INTRO), ""]
+    lines += ["| `algorithm.name` | field | value | source |", "|---|---|---|---|"]
+    for name, key, value, source in preset_rows():
+        lines.append(f"| `{name}` | `{key}` | `{value}` | {_cell(source)} |")
     return "\n".join(lines) + "\n"
+
+
+PRESETS_INTRO = """Each preset fills the fields below unless they are set explicitly (in the
+file or an override); fields a preset does not name keep their defaults, SAO's recipe
+(`saorl.config.presets`; `saorl train --help-config` prints the same list)."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,7 +3,8 @@
 - :func:`skip_observation_gae`: token-level GAE over action tokens only (SAO's critic path).
 - :func:`length_adaptive_lambda`: VAPO's ``lambda = 1 - 1/(alpha * l)`` per trajectory.
 - :func:`group_normalized_advantages`: GRPO's ``(R - mean) / (std + eps)`` per group.
-- :class:`RunningMeanBaseline`: single-rollout ``R - mean(last k rewards of that prompt)``.
+- :class:`RunningMeanBaseline`: single-rollout ``R - mean(last k rewards)`` of that prompt, of
+  all prompts, or of the prompt with the global window as its fallback.
 
 Everything here produces constants for the losses: outputs never carry gradient.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -221,13 +222,25 @@ def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float =
     return adv.to(out_dtype)
 
 
+BaselineScope = Literal["prompt", "prompt_then_global", "global"]
+
+
 class RunningMeanBaseline:
-    """Per-prompt running-mean baseline for single-rollout training (a paper baseline).
+    """Running-mean baseline for single-rollout training (a paper baseline, section 2).
 
-    ``advantage(key, R) = R - mean(last `window` rewards seen for key)``, then ``R`` joins the
-    window, so a reward is never compared with itself.
+    ``advantage(key, R) = R - baseline``, then ``R`` joins the windows, so a reward is never
+    compared with itself. The baseline, by ``scope``:
 
-    No history: the baseline is ``empty_baseline`` when given, otherwise the reward itself
+    - ``"prompt"`` (the paper's per-prompt baseline): the mean of the last ``window`` rewards
+      seen for ``key``;
+    - ``"global"`` (the paper's global variant): the mean of the last ``global_window`` rewards
+      over all prompts (paper: 128), prompt history unused;
+    - ``"prompt_then_global"``: the prompt's window when it has one, else the global window.
+      On a dataset larger than the number of rollouts most prompts are seen once, and
+      ``"prompt"`` gives every first visit advantage 0: no signal from most samples.
+
+    No history (the first reward of a prompt under ``"prompt"``, the first reward of the run
+    otherwise): the baseline is ``empty_baseline`` when given, otherwise the reward itself
     (advantage 0). The default is the conservative choice: without a baseline there is no
     unbiased signal, and a fixed baseline of 0 would reinforce every positive-reward first
     visit. Pass ``empty_baseline=0.0`` to train on first visits as plain REINFORCE does.
@@ -235,16 +248,31 @@ class RunningMeanBaseline:
     ``state_dict()`` / ``load_state_dict()`` restore the windows exactly (checkpoint resume).
     """
 
-    def __init__(self, window: int = 8, empty_baseline: float | None = None) -> None:
-        if window < 1:
-            raise ValueError(f"window must be >= 1, got {window}")
+    def __init__(
+        self,
+        window: int = 8,
+        empty_baseline: float | None = None,
+        scope: BaselineScope = "prompt",
+        global_window: int = 128,
+    ) -> None:
+        if window < 1 or global_window < 1:
+            raise ValueError(
+                f"window and global_window must be >= 1, got {window}, {global_window}"
+            )
+        if scope not in ("prompt", "prompt_then_global", "global"):
+            raise ValueError(f"scope must be prompt, prompt_then_global or global, got {scope!r}")
         self.window = window
         self.empty_baseline = empty_baseline
+        self.scope = scope
+        self.global_window = global_window
         self._history: dict[Hashable, deque[float]] = {}
+        self._global: deque[float] = deque(maxlen=global_window)
 
     def baseline(self, key: Hashable) -> float | None:
-        """Mean of the stored rewards for ``key``, or None without history."""
-        past = self._history.get(key)
+        """The baseline ``key`` would get now under this scope, or None without history."""
+        past = self._history.get(key) if self.scope != "global" else None
+        if not past and self.scope != "prompt":
+            past = self._global
         if not past:
             return None
         return sum(past) / len(past)
@@ -256,6 +284,7 @@ class RunningMeanBaseline:
         if base is None:
             base = reward if self.empty_baseline is None else self.empty_baseline
         self._history.setdefault(key, deque(maxlen=self.window)).append(reward)
+        self._global.append(reward)
         return reward - base
 
     def __len__(self) -> int:
@@ -268,6 +297,8 @@ class RunningMeanBaseline:
             "window": self.window,
             "empty_baseline": self.empty_baseline,
             "history": [(key, list(past)) for key, past in self._history.items()],
+            "global_window": self.global_window,
+            "global": list(self._global),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -276,8 +307,16 @@ class RunningMeanBaseline:
                 f"state has window {state['window']} but this baseline has window "
                 f"{self.window}; construct RunningMeanBaseline(window={state['window']})"
             )
+        # Checkpoints from before the global window have none: it starts empty.
+        global_window = int(state.get("global_window", self.global_window))
+        if global_window != self.global_window:
+            raise ValueError(
+                f"state has global_window {global_window} but this baseline has "
+                f"global_window {self.global_window}"
+            )
         self.empty_baseline = state["empty_baseline"]
         self._history = {
             key: deque((float(r) for r in past), maxlen=self.window)
             for key, past in state["history"]
         }
+        self._global = deque((float(r) for r in state.get("global", [])), maxlen=global_window)

@@ -1,52 +1,363 @@
-"""Post-hoc collapse detection from a run's `metrics.jsonl` rows.
+"""Collapse detection: a streaming detector fed each step's metrics row, live and after the run.
 
-Why a rule and not a look at the plot: the paper's headline comparison is *when* an arm
-collapses (vanilla GRPO after ~160 async steps, vanilla VAPO after ~90, SAO not at all), so the
-comparison report needs one number per arm, computed the same way for every arm. Three rules
-run; the earliest step at which one fires is the collapse step (ties: the order below).
+Why: the paper's headline comparison is *when* an arm collapses (vanilla GRPO after ~160 async
+steps, vanilla VAPO after ~90, SAO not at all), and a run that has collapsed is compute burnt
+until someone looks at it. `CollapseDetector.update(row)` runs inside the training loop on every
+step (`saorl.loop`: the `collapse/*` columns of metrics.jsonl, the progress line, summary.json,
+`run.stop_on_collapse`); `detect_collapse(rows)` replays a finished run's rows through the same
+detector, so the comparison report and the live run can never disagree. Thresholds are the
+`[collapse]` config section (`saorl.config.runtime.CollapseConfig`).
 
-1. **Performance drop.** `key` (default `eval/accuracy`) falls below `drop_frac` of its best
-   value so far, once that best is at least `min_best` (a run that never learned anything
-   cannot lose half of it in a meaningful way). Each held-out evaluation already averages over
-   the whole eval set, so its points are not smoothed; instead the drop must persist at the
-   next evaluation too (`confirm=1`; the last evaluation needs no confirmation, nothing
-   contradicts it). An eval series with fewer than `min_eval_points` points (start and end
-   only) counts as absent, and the rule then runs on a trailing moving average of
-   `rollout/reward_mean` over `window` steps (one batch's mean reward is too noisy to compare
-   with a best-so-far: the best of raw noise is an outlier), and the average must stay below
-   the threshold for the next `window` points too (a dip of a low, noisy reward curve does
-   not; measured: 0 of 100 seeded flat runs at reward 0.08 fire, 3 did without this). For a
-   sudden drop the average crosses the threshold about `window * (1 - drop_frac)` steps
-   after it.
-2. **Entropy collapse.** The moving average of `policy/entropy` falls below `entropy_frac`
-   (default 0.05, i.e. a 20x drop) of its initial value, the mean of the first `window` logged
-   values. Healthy RL sharpens the policy a lot: the built-in tool task's successful run went
-   0.315 -> 0.044 nats/token (14 %) while its accuracy rose 0.44 -> 0.93, so the threshold sits
-   well below that; 5 % means a nearly deterministic policy that no longer explores.
-3. **Length collapse.** The moving average of `rollout/response_len_mean` falls below
-   `length_frac` (default 0.3) of its initial value: responses degenerating to (almost)
-   immediate EOS, e.g. the 2-digit addition task's 3.5 tokens shrinking to 1.
+Signals (`collapse/<name>`), one rule each:
 
-Moving averages only count from the first full window on (the first few points of a
-partial-window average are as noisy as raw values). Runs with fewer than `4 * window` logged
-points use a window of `n // 4` so that short runs are still judged.
+- `reward_crash`: the moving average (`window` steps) of `rollout/reward_mean` falls below its
+  running best by more than `max(reward_drop * (best - initial), reward_noise * sigma)`, where
+  `initial` is the mean of the first `window` rewards and `sigma` the per-step noise of the
+  reward, `sqrt(pi) / 2 * mean |r_t - r_(t-1)|` over the run so far (differences remove slow
+  trends; the whole run, because a reward that fell to a constant has no noise left). Both
+  terms are in the reward's own units, so scaling or shifting the rewards changes nothing: it
+  sees GRPO's 0.23 -> 0.10 (a run that never gained anything has no gain to lose, but its drop
+  is many noise sds) and a reward going from -0.2 to -0.9 alike, where "half of the best
+  value" means nothing.
+- `eval_drop`: held-out `eval/accuracy` below `eval_drop` x its best so far (once that best is
+  at least `eval_min_best`) at two evaluations in a row; each evaluation already averages the
+  whole held-out set, so the second one is the confirmation. At the end of a run the last
+  evaluation needs none (`finish`).
+- `entropy_collapse`, `length_collapse`: the moving average of `policy/entropy` /
+  `rollout/response_len_mean` falls below `entropy_low` (5 %) / `length_low` (30 %) of its
+  initial level. Healthy RL sharpens the policy a lot: the built-in tool task's successful run
+  went 0.315 -> 0.044 nats/token (14 %) while its accuracy rose 0.44 -> 0.93.
+- `entropy_explosion`, `length_explosion`, `grad_norm_spike`, `kl_spike` (`dis/kl_k3` or
+  `ppo/kl_k3`: the policy against the sampler), `mismatch_spike` (`mismatch/k3`: the learner's
+  log-probs against the engine's), `masked_frac_spike` (`dis/masked_frac`, or `ppo/clip_frac`):
+  the raw value exceeds `factor * median + floor`, the median over the `baseline_window` values
+  before it. A median ignores earlier one-off spikes, and a jump is judged against where the
+  metric has been lately, so slow drift (lengths growing over a long run) does not fire.
+
+A rule fires when it holds on `patience` consecutive logged values of its metric; the finding
+names the first of those steps (`step`, the onset) and the step it fired (`detected_step`).
+Each signal's metric is a score: 0 at its reference (best, initial level or median), 1 at the
+threshold; 0 too while the rule has no reference yet or its metric is absent from the row
+(every row gets every column, with a number).
+Missing, null and non-finite values are skipped (a NaN streak is the learner's to stop).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+from saorl.config.runtime import CollapseConfig
+
 REWARD_KEY = "rollout/reward_mean"
+EVAL_KEY = "eval/accuracy"
 ENTROPY_KEY = "policy/entropy"
 LENGTH_KEY = "rollout/response_len_mean"
+GRAD_NORM_KEY = "policy/grad_norm"
+KL_KEYS = ("dis/kl_k3", "ppo/kl_k3")
+MISMATCH_KEY = "mismatch/k3"
+MASKED_KEYS = ("dis/masked_frac", "ppo/clip_frac")
+DETECTED = "collapse/detected"
+
+Finding = dict[str, Any]
 
 
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if math.isfinite(value) else None
+
+
+def _step(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _score(value: float, reference: float, threshold: float) -> float:
+    """0 at the reference, 1 at the threshold, on the side of the threshold; never negative."""
+    span = threshold - reference
+    return max(0.0, (value - reference) / span) if span else 0.0
+
+
+class _Rule:
+    """One signal: a patience counter over the values of one metric and its finding."""
+
+    def __init__(self, name: str, keys: tuple[str, ...], patience: int) -> None:
+        self.name, self.keys, self.patience = name, keys, patience
+        self.streak = 0  # consecutive values over the threshold, up to now
+        self.onset: tuple[float, float, float] | None = None  # (step, value, threshold)
+        self.finding: Finding | None = None
+
+    def value(self, row: dict[str, Any]) -> tuple[str, float] | None:
+        for key in self.keys:
+            v = _number(row.get(key))
+            if v is not None:
+                return key, v
+        return None
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        """`(score, over the threshold, threshold, judged value)`; updates the rule's state.
+
+        The judged value is `value` itself, or the moving average that includes it."""
+        raise NotImplementedError
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        raise NotImplementedError
+
+    def update(self, step: float, row: dict[str, Any]) -> float | None:
+        got = self.value(row)
+        if got is None:
+            return None
+        metric, value = got
+        score, over, threshold, judged = self.judge(value)
+        self.streak = self.streak + 1 if over else 0
+        if self.streak == 1:
+            self.onset = (step, judged, threshold)
+        if over and self.finding is None and self.streak >= self.patience:
+            self._fire(metric, step)
+        return score
+
+    def _fire(self, metric: str, detected: float) -> None:
+        onset, value, threshold = self.onset or (detected, math.nan, math.nan)
+        self.finding = {
+            "step": _step(onset),
+            "detected_step": _step(detected),
+            "signal": self.name,
+            "metric": metric,
+            "value": value,
+            "threshold": threshold,
+            "reason": f"{self.name}: {self.describe(metric, value, threshold)}",
+        }
+
+
+class _Smoothed(_Rule):
+    """Keeps the moving average over `window` values and the initial level (first window)."""
+
+    def __init__(self, name: str, keys: tuple[str, ...], cfg: CollapseConfig) -> None:
+        super().__init__(name, keys, cfg.patience)
+        self.window = cfg.window
+        self.recent: deque[float] = deque(maxlen=cfg.window)
+        self.n = 0
+        self.initial: float | None = None
+
+    def smooth(self, value: float) -> float | None:
+        """The moving average including `value`, or None before the first full window."""
+        self.recent.append(value)
+        self.n += 1
+        if self.n < self.window:
+            return None
+        mean = sum(self.recent) / len(self.recent)
+        if self.initial is None:
+            self.initial = mean
+        return mean
+
+
+class _Shrink(_Smoothed):
+    """Moving average below `frac` x the initial level (entropy and length collapse)."""
+
+    def __init__(self, name: str, key: str, frac: float, cfg: CollapseConfig) -> None:
+        super().__init__(name, (key,), cfg)
+        self.frac = frac
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        mean = self.smooth(value)
+        if mean is None or self.initial is None or self.initial <= 0 or self.frac <= 0:
+            return None, False, math.nan, value
+        threshold = self.frac * self.initial
+        return _score(mean, self.initial, threshold), mean < threshold, threshold, mean
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        return (
+            f"{metric} (moving avg {self.window}) fell to {value:.3g}, below {self.frac:g} x "
+            f"its initial {self.initial:.3g} ({threshold:.3g})"
+        )
+
+
+class _RewardCrash(_Smoothed):
+    """Moving average below its running best by more than the gain- and noise-based gap."""
+
+    def __init__(self, cfg: CollapseConfig) -> None:
+        super().__init__("reward_crash", (REWARD_KEY,), cfg)
+        self.drop, self.noise = cfg.reward_drop, cfg.reward_noise
+        self.abs_diff = 0.0  # sum of |r_t - r_(t-1)| over the whole run
+        self.last: float | None = None
+        self.best = -math.inf
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        if self.last is not None:
+            self.abs_diff += abs(value - self.last)
+        self.last = value
+        mean = self.smooth(value)
+        if mean is None or self.initial is None:
+            return None, False, math.nan, value
+        self.best = max(self.best, mean)
+        # Mean absolute difference of consecutive steps = 2 sigma / sqrt(pi) for iid noise.
+        sigma = math.sqrt(math.pi) / 2 * self.abs_diff / max(self.n - 1, 1)
+        gap = max(self.drop * (self.best - self.initial), self.noise * sigma)
+        if gap <= 0:  # a reward that never moved: nothing to measure a drop against
+            return 0.0, False, self.best, mean
+        threshold = self.best - gap
+        return _score(mean, self.best, threshold), mean < threshold, threshold, mean
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        return (
+            f"{metric} (moving avg {self.window}) fell to {value:.4g}, below {threshold:.4g}: "
+            f"its best {self.best:.4g} minus max({self.drop:g} x its gain over the initial "
+            f"{self.initial:.4g}, {self.noise:g} per-step noise sd)"
+        )
+
+
+class _EvalDrop(_Rule):
+    """Held-out accuracy below `eval_drop` x its best, at two evaluations in a row."""
+
+    def __init__(self, cfg: CollapseConfig, key: str) -> None:
+        super().__init__("eval_drop", (key,), 2)
+        self.frac, self.min_best = cfg.eval_drop, cfg.eval_min_best
+        self.best = -math.inf
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        best = self.best
+        self.best = max(self.best, value)
+        if best < self.min_best or self.frac <= 0:
+            return None, False, math.nan, value
+        threshold = self.frac * best
+        return _score(value, best, threshold), value < threshold, threshold, value
+
+    def finish(self) -> None:
+        """The run ended: a last low evaluation stands without a confirmation."""
+        if self.finding is None and self.streak and self.onset is not None:
+            self._fire(self.keys[0], self.onset[0])  # detected at its onset: nothing came after
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        best = threshold / self.frac
+        return f"{metric} fell to {value:.3f}, below {self.frac:g} x its best {best:.3f}"
+
+
+class _Spike(_Rule):
+    """Raw value above `factor` x the median of the values before it + `floor`."""
+
+    def __init__(self, name: str, keys: tuple[str, ...], factor: float, floor: float,
+                 cfg: CollapseConfig) -> None:  # fmt: skip
+        super().__init__(name, keys, cfg.patience)
+        # Judged once it has `window` values of history (at most the whole baseline window).
+        self.factor, self.floor = factor, floor
+        self.min_history = min(cfg.window, cfg.baseline_window)
+        self.history: deque[float] = deque(maxlen=cfg.baseline_window)
+        self.median = math.nan
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        out: tuple[float | None, bool, float, float] = (None, False, math.nan, value)
+        if self.factor > 0 and len(self.history) >= self.min_history:
+            self.median = statistics.median(self.history)
+            threshold = self.factor * self.median + self.floor
+            if threshold > self.median:  # a median of 0 without a floor: no scale to judge by
+                score = _score(value, self.median, threshold)
+                out = (score, value > threshold, threshold, value)
+        self.history.append(value)
+        return out
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        floor = f" + {self.floor:g}" if self.floor else ""
+        return (
+            f"{metric} rose to {value:.4g}, above {self.factor:g} x its trailing median "
+            f"{self.median:.4g}{floor}"
+        )
+
+
+class CollapseDetector:
+    """Streaming collapse detection: `update(row)` per step, `first` the first finding.
+
+    `update` returns the `collapse/*` columns for that row; a row may hold only some metrics (an
+    evaluation-only row advances only `eval_drop`), so feeding a step's row in two parts gives
+    the same result as feeding it whole. `replay(rows)` feeds a metrics.jsonl (a resumed run
+    rebuilds its detector this way, so nothing needs to be checkpointed).
+    """
+
+    def __init__(self, cfg: CollapseConfig | None = None, eval_key: str = EVAL_KEY) -> None:
+        c = cfg or CollapseConfig()
+        self.rules: list[_Rule] = [
+            _RewardCrash(c),
+            _EvalDrop(c, eval_key),
+            _Shrink("entropy_collapse", ENTROPY_KEY, c.entropy_low, c),
+            _Spike("entropy_explosion", (ENTROPY_KEY,), c.entropy_high, 0.0, c),
+            _Shrink("length_collapse", LENGTH_KEY, c.length_low, c),
+            _Spike("length_explosion", (LENGTH_KEY,), c.length_high, 0.0, c),
+            _Spike("grad_norm_spike", (GRAD_NORM_KEY,), c.grad_norm_spike, 0.0, c),
+            _Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c),
+            _Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.kl_floor, c),
+            _Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
+        ]
+        self.first: Finding | None = None
+        self._rows = 0
+
+    @property
+    def signals(self) -> list[str]:
+        return [r.name for r in self.rules]
+
+    def update(self, row: dict[str, Any]) -> dict[str, float]:
+        """Judge one metrics row; the `collapse/<signal>` scores and `collapse/detected`."""
+        step = _number(row.get("step"))
+        step = float(self._rows) if step is None else step
+        self._rows += 1
+        out: dict[str, float] = {}
+        for rule in self.rules:
+            score = rule.update(step, row)
+            out[f"collapse/{rule.name}"] = 0.0 if score is None else score
+            self._note(rule)
+        out[DETECTED] = float(self.first is not None)
+        return out
+
+    def _note(self, rule: _Rule) -> None:
+        if self.first is None and rule.finding is not None:
+            self.first = rule.finding
+
+    def finish(self) -> Finding | None:
+        """The run ended (post-hoc): a last low evaluation fires unconfirmed. The first finding."""
+        for rule in self.rules:
+            if isinstance(rule, _EvalDrop):
+                rule.finish()
+                self._note(rule)
+        return self.first
+
+    def replay(self, rows: Iterable[dict[str, Any]]) -> None:
+        """Feed logged rows, one merged row per step in step order (see `merge_steps`)."""
+        for row in merge_steps(list(rows)):
+            self.update(row)
+
+
+def merge_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per step, in step order; for a step logged twice (a resumed run re-logs the
+    steps after its last checkpoint) the last value of each key wins. Rows without a numeric
+    `step` are skipped, unless no row has one: then the row index is the step."""
+    has_step = any(_number(r.get("step")) is not None for r in rows)
+    by_step: dict[float, dict[str, Any]] = {}
+    for i, row in enumerate(rows):
+        step = _number(row.get("step")) if has_step else float(i)
+        if step is None:
+            continue
+        merged = by_step.setdefault(step, {})
+        merged.update({k: v for k, v in row.items() if v is not None})
+        merged["step"] = _step(step)
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def detect_collapse(
+    metrics: Sequence[dict[str, Any]],
+    config: CollapseConfig | None = None,
+    key: str = EVAL_KEY,
+) -> Finding | None:
+    """The first collapse finding of a run's metrics rows, or None (the live rules, replayed).
+
+    Returns `{"step", "detected_step", "signal", "metric", "value", "threshold", "reason"}`:
+    `step` is the onset, `metric` the key that fired, `value` and `threshold` its value and the
+    threshold it crossed there, `reason` one human-readable line for the report. `key` is the
+    held-out metric of `eval_drop`.
+    """
+    detector = CollapseDetector(config, eval_key=key)
+    detector.replay(metrics)
+    return detector.finish()
 
 
 def metric_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -76,113 +387,3 @@ def trailing_mean(values: Sequence[float], window: int) -> list[float]:
             total -= values[i - window]
         out.append(total / min(i + 1, window))
     return out
-
-
-def _effective_window(n: int, window: int) -> int:
-    return max(1, min(window, n // 4))
-
-
-def _step(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else value
-
-
-def _drop(
-    steps: list[float],
-    values: list[float],
-    window: int,
-    confirm: int,
-    drop_frac: float,
-    min_best: float,
-) -> tuple[int, float, float, float] | None:
-    """(index, value, threshold, best) where the (smoothed) series first drops, or None."""
-    smooth = trailing_mean(values, window)
-    best = -math.inf
-    for i in range(window - 1, len(smooth)):
-        threshold = drop_frac * best
-        if best >= min_best and smooth[i] < threshold:
-            later = smooth[i + 1 : i + 1 + confirm]
-            if all(v < threshold for v in later):
-                return i, smooth[i], threshold, best
-        best = max(best, smooth[i])
-    return None
-
-
-def _shrink(
-    values: list[float], window: int, frac: float
-) -> tuple[int, float, float, float] | None:
-    """(index, value, threshold, initial) where the moving average falls below frac*initial."""
-    initial = sum(values[:window]) / window
-    if initial <= 0:
-        return None
-    threshold = frac * initial
-    smooth = trailing_mean(values, window)
-    for i in range(window - 1, len(smooth)):
-        if smooth[i] < threshold:
-            return i, smooth[i], threshold, initial
-    return None
-
-
-def detect_collapse(
-    metrics: Sequence[dict[str, Any]],
-    key: str = "eval/accuracy",
-    drop_frac: float = 0.5,
-    min_best: float = 0.05,
-    window: int = 20,
-    entropy_frac: float = 0.05,
-    length_frac: float = 0.3,
-    min_eval_points: int = 3,
-) -> dict[str, Any] | None:
-    """The first step at which the run collapses by any rule of the module docstring, or None.
-
-    Returns `{"step", "reason", "metric", "value", "threshold"}`: `metric` is the key that fired,
-    `value` its (smoothed) value at `step`, `threshold` what it fell below, `reason` one
-    human-readable line for the report.
-    """
-    found: list[dict[str, Any]] = []
-
-    steps, values = metric_series(metrics, key)
-    smoothing, confirm, perf_key = 1, 1, key
-    if len(values) < min_eval_points:
-        perf_key = REWARD_KEY
-        steps, values = metric_series(metrics, perf_key)
-        smoothing = _effective_window(len(values), window)
-        confirm = smoothing  # a real collapse stays down; a dip of the average does not
-    hit = _drop(steps, values, smoothing, confirm, drop_frac, min_best) if values else None
-    if hit is not None:
-        i, value, threshold, best = hit
-        smoothed = f" (moving avg {smoothing})" if smoothing > 1 else ""
-        found.append(
-            {
-                "step": _step(steps[i]),
-                "reason": f"{perf_key}{smoothed} fell to {value:.3f}, below {drop_frac:g} x "
-                f"its best {best:.3f}",
-                "metric": perf_key,
-                "value": value,
-                "threshold": threshold,
-            }
-        )
-
-    for shrink_key, frac, what in (
-        (ENTROPY_KEY, entropy_frac, "entropy collapse"),
-        (LENGTH_KEY, length_frac, "length collapse"),
-    ):
-        steps, values = metric_series(metrics, shrink_key)
-        if not values:
-            continue
-        w = _effective_window(len(values), window)
-        shrink = _shrink(values, w, frac)
-        if shrink is not None:
-            i, value, threshold, initial = shrink
-            found.append(
-                {
-                    "step": _step(steps[i]),
-                    "reason": f"{what}: {shrink_key} (moving avg {w}) fell to {value:.3g}, "
-                    f"below {frac:g} x its initial {initial:.3g}",
-                    "metric": shrink_key,
-                    "value": value,
-                    "threshold": threshold,
-                }
-            )
-
-    # min() keeps the first of equal steps, i.e. the rule order of the module docstring.
-    return min(found, key=lambda f: f["step"]) if found else None

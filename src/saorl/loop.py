@@ -6,7 +6,9 @@
         take the first `batch_size` finished trajectories (drop and count the too-stale ones)
         -> SAO step (critic values, GAE, K critic updates, DIS policy update)
         -> push weights to the engines every `push_every` versions -> log / eval / checkpoint
-    final eval, checkpoint, summary.json, report.png
+        -> collapse detection on the step's metrics (`saorl.collapse`; `run.stop_on_collapse`
+           ends the run here, with a checkpoint)
+    final eval, checkpoint, summary.json, report.png (a NaN streak writes summary.json too)
 
 With `run.concurrency = "sync"` the same pieces run one after another (generate a batch, then
 train): the baseline that asynchrony is measured against.
@@ -28,11 +30,12 @@ from typing import Any
 import torch
 
 from saorl import interfaces
-from saorl.checkpoint import load_latest_checkpoint
-from saorl.collapse import detect_collapse
+from saorl.checkpoint import load_latest_checkpoint, save_step
+from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
+from saorl.learner import NonFiniteError
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.rollout.worker import PromptFeed
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
@@ -112,18 +115,27 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
             }
             log.log({"step": 0, **ev})
-            learner.save(run_dir, {"prompt_rng": prompt_rng.getstate(),
-                                   "data_position": started, **extra})  # fmt: skip
+            save_step(learner, tokenizer, run_dir, {"prompt_rng": prompt_rng.getstate(),
+                      "data_position": started, **extra}, cfg.run.save_hf)  # fmt: skip
         t_start = time.perf_counter()
-        summary = _rl_loop(cfg, placed, spec, prompt_rng, started, extra, run_dir, log, progress,
-                           resumed=state)  # fmt: skip
-    summary["wall_seconds"] = time.perf_counter() - t_start
-    summary["run_dir"] = str(run_dir)
-    summary["collapse"] = detect_collapse(read_metrics(run_dir / "metrics.jsonl"))
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary, failure = _rl_loop(cfg, placed, spec, prompt_rng, started, extra, run_dir, log,
+                                    progress, resumed=state)  # fmt: skip
+        _write_summary(cfg, run_dir, summary, time.perf_counter() - t_start)
+        if failure is not None:  # inside the `with`: the trackers close as failed
+            _write_report(run_dir)
+            raise failure
     learner.export(tokenizer, run_dir / "final")
     _write_report(run_dir)
     return summary
+
+
+def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds: float) -> None:
+    """summary.json, with the collapse verdict of the whole run (`saorl.collapse`)."""
+    summary["wall_seconds"] = seconds
+    summary["run_dir"] = str(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    summary["collapse"] = detect_collapse(rows, cfg.collapse)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def _rl_loop(
@@ -137,13 +149,12 @@ def _rl_loop(
     log: MetricsLogger,
     progress: TrainProgress,
     resumed: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], NonFiniteError | None]:
+    """The RL steps; `(summary, the error that stopped them if a NaN streak did)`."""
     learner, pool, tokenizer = placed
-    lc, sync = cfg.learner, cfg.run.concurrency == "sync"
-    # Synchronous mode admits exactly the batch being collected: nothing generates in the
-    # background, so every trajectory is sampled by the policy it trains.
-    lookahead = 0 if sync else lc.max_staleness
-    group_size = cfg.algorithm.group_size if cfg.algorithm.advantage == "group" else 1
+    lc = cfg.learner
+    lookahead = admission_lookahead(cfg)
+    group_size = cfg.algorithm.samples_per_prompt  # groups for GRPO and VAPO's group sampling
     feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started,
                       group_size=group_size)  # fmt: skip
     totals = {"waited_s": 0.0, "dropped": 0}
@@ -151,6 +162,12 @@ def _rl_loop(
     samples = SampleLogger(run_dir, tokenizer, cfg.run.log_samples_every,
                            cfg.run.log_samples_count, cfg.run.total_steps, log)  # fmt: skip
     last_eval = None
+    # The detector's state is a function of the rows logged so far: the initial evaluation,
+    # and on a resume every step up to the checkpoint (so nothing of it is checkpointed).
+    detector = CollapseDetector(cfg.collapse)
+    detector.replay(read_metrics(run_dir / "metrics.jsonl"))
+    announced = _announce(detector, progress, None)
+    stopped_by, failure = "total_steps", None
     try:
         pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
         t0 = time.perf_counter()
@@ -160,7 +177,11 @@ def _rl_loop(
             stale = [t.staleness(learner.version) for t in got.trajectories]
             batch = Batch.from_trajectories(got.trajectories, tokenizer.pad_token_id)
             version_before = learner.version
-            metrics = learner.step(batch)
+            try:
+                metrics = learner.step(batch)
+            except NonFiniteError as e:  # the summary still says what happened
+                stopped_by, failure = "nonfinite", e
+                break
             if learner.version != version_before and learner.version % lc.push_every == 0:
                 pool.update_weights()  # a generation in flight continues under the new weights
             totals["waited_s"] += got.waited_s
@@ -169,21 +190,34 @@ def _rl_loop(
             metrics.update(_rollout_metrics(cfg, got, batch, stale, pool.stats(), totals,
                                             t0, t_step, spec.max_tool_calls > 0))  # fmt: skip
             ev = cfg.run.eval_every
-            if learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0):
+            evaluated = learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0)
+            if evaluated:
                 last_eval = learner.evaluate(spec, tokenizer)
                 metrics.update(last_eval)
+            metrics.update(detector.update(metrics))
+            stop = cfg.run.stop_on_collapse and detector.first is not None
+            if stop and not evaluated:  # the summary's final accuracy is the policy it stops at
+                last_eval = learner.evaluate(spec, tokenizer)
+                metrics.update(last_eval)
+                scores = detector.update({"step": learner.steps, **last_eval})
+                metrics["collapse/eval_drop"] = scores["collapse/eval_drop"]  # the rest judged
+            announced = _announce(detector, progress, announced)
             # The metrics row goes first: a kill between the two leaves a row past the newest
             # checkpoint, which resume truncates and redoes; the other order would lose it.
             row_adv = pop_row_advantages(metrics)
             log.log(metrics)
             samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
             ck = cfg.run.checkpoint_every
-            if learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
-                learner.save(run_dir, {**pool.snapshot(), **extra})
+            if stop or learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
+                save_step(learner, tokenizer, run_dir, {**pool.snapshot(), **extra},
+                          cfg.run.save_hf)  # fmt: skip
             progress.update(learner.steps, metrics)
+            if stop:
+                stopped_by = "collapse"
+                break
     finally:
         pool.close()
-    return {
+    summary = {
         **extra,
         "final_eval_accuracy": last_eval["eval/accuracy"] if last_eval else None,
         "final_eval_accuracy_greedy": last_eval["eval/accuracy_greedy"] if last_eval else None,
@@ -192,7 +226,55 @@ def _rl_loop(
         "dropped_stale": totals["dropped"],
         "learner_idle_frac": metrics.get("perf/learner_idle_frac"),
         "rollout_idle_frac": metrics.get("perf/rollout_idle_frac"),
+        "stopped_by": stopped_by,
+        "stop_reason": _stop_reason(stopped_by, detector, failure, cfg),
     }
+    return summary, failure
+
+
+def admission_lookahead(cfg: Config) -> int:
+    """Batches admission control lets rollouts start ahead of the learner.
+
+    `learner.max_staleness` is in policy versions and one batch makes `algorithm.minibatches`
+    versions, so the window is `max_staleness // minibatches` batches (the prompt feed admits
+    at least the batch being collected): in start order, a rollout admitted that far ahead is
+    at most `max_staleness` versions old when it is trained. Counting batches instead would
+    admit `minibatches` times too far ahead, and the staleness check would drop the excess.
+    Synchronous mode admits exactly the batch being collected: nothing generates in the
+    background, so every trajectory is sampled by the policy it trains.
+    """
+    if cfg.run.concurrency == "sync":
+        return 0
+    return cfg.learner.max_staleness // cfg.algorithm.minibatches
+
+
+def _announce(detector: CollapseDetector, progress: TrainProgress, done: Any) -> Any:
+    """Tell the log (stderr) and the progress line about the first finding, once."""
+    first = detector.first
+    if first is None or first is done:
+        return done
+    print(
+        f"saorl: collapse detected at step {first['detected_step']} (onset {first['step']}): "
+        f"{first['reason']}",
+        file=sys.stderr,
+        flush=True,
+    )
+    progress.alert(f"collapse: {first['signal']} @ {first['detected_step']}")
+    return first
+
+
+def _stop_reason(
+    stopped_by: str, detector: CollapseDetector, failure: Exception | None, cfg: Config
+) -> str:
+    first = detector.first
+    if stopped_by == "collapse" and first is not None:
+        return (
+            f"run.stop_on_collapse: {first['signal']} fired at step {first['detected_step']} "
+            f"(onset {first['step']}): {first['reason']}"
+        )
+    if stopped_by == "nonfinite":
+        return f"learner.max_nonfinite_in_a_row: {failure}"
+    return f"run.total_steps ({cfg.run.total_steps}) reached"
 
 
 def _rollout_metrics(

@@ -221,7 +221,7 @@ class TrainProgress:
     throughput (`perf/rollout_tokens_per_s`) and staleness (`async/staleness_mean`); each field
     keeps the latest value seen, so an evaluation every N steps stays visible in between.
     `phase(description, total)` adds a second bar (warm-up, evaluation) advanced with
-    `advance()`.
+    `advance()`. `alert(text)` (a detected collapse) stays at the end of the info line.
 
     Otherwise (`enabled=False`, CI, output redirected to a file) nothing is drawn; instead one
     plain line goes to stderr, through `print(..., file=sys.stderr)`, each time the step
@@ -242,6 +242,7 @@ class TrainProgress:
         self.step = self.initial_step
         self.live = enabled and sys.stdout.isatty()
         self._latest: dict[str, Any] = {}
+        self._alert: str | None = None
         self._interval = max(1, math.ceil(self.total_steps / 10))
         self._next_print = (self.initial_step // self._interval + 1) * self._interval
         self._last_printed: int | None = None
@@ -295,7 +296,13 @@ class TrainProgress:
             value = self._latest.get(key)
             shown = _fmt_rate(value) if spec == "rate" else _fmt(value, spec)
             parts.append(f"{label} {shown}")
+        if self._alert:
+            parts.append(self._alert)
         return " | ".join(parts)
+
+    def alert(self, text: str) -> None:
+        """Show `text` at the end of the info line from now on (the caller logs it once)."""
+        self._alert = text
 
     def update(self, step: int, metrics: Mapping[str, Any]) -> None:
         """Record that `step` steps are done, with that step's metrics (keys may be missing)."""

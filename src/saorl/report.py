@@ -7,12 +7,14 @@ last value logged for a step wins. `report_run(run_dir)` writes `run_dir/report.
 
 `plot_compare(runs, out_png)` draws several runs on one grid, one colour per run, with each
 run's collapse step (`saorl.collapse.detect_collapse`) as a dotted vertical line;
+`plot_compare_seeds` draws several seeds per arm as a mean line and a min-max band;
 `report_runs(run_dirs, out)` is `saorl report A B ...`.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -180,44 +182,133 @@ def plot_compare(
         ax = fig.add_subplot(nrows, ncols, i + 1)
         for label, j, steps, values in lines:
             style = {"color": colors[label], "linestyle": _LINESTYLES[j % len(_LINESTYLES)]}
-            if panel.smooth and len(values) > 1:
-                window = max(2, min(25, len(values) // 10))
-                ax.plot(steps, trailing_mean(values, window), linewidth=1.3, **style)
-            elif panel.markers or len(values) == 1:
-                ax.plot(steps, values, marker="o", markersize=3.5, **style)
-            else:
-                # Several noisy per-step curves on one axis are unreadable raw: a light
-                # moving average keeps the trend and still shows spikes.
-                window = max(1, min(10, len(values) // 50))
-                ax.plot(steps, trailing_mean(values, window), linewidth=1.1, **style)
+            marker = panel.markers or len(values) == 1
+            width = 1.3 if panel.smooth else 1.1
+            ax.plot(steps, _smoothed(panel, values), marker="o" if marker else None,
+                    markersize=3.5, linewidth=width, **style)  # fmt: skip
         for label in runs:
             hit = collapses.get(label)
             if hit is not None:
                 ax.axvline(hit["step"], color=colors[label], linestyle=":", linewidth=1.5)
-        ax.set_title(panel.title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(True, alpha=0.3)
-        if panel.unit_range:
-            ax.set_ylim(-0.02, 1.02)
-        elif panel.from_zero and ax.get_ylim()[1] > 0:
-            ax.set_ylim(0, 1.05 * ax.get_ylim()[1])
-        elif panel.floor is not None and ax.get_ylim()[0] < panel.floor:
-            ax.set_ylim(bottom=panel.floor)
-        if lo < hi:
-            ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+        _finish_axes(ax, panel, lo, hi)
 
     handles = []
     for label in runs:
         hit = collapses.get(label)
-        text = label if hit is None else f"{label} (collapse @ {hit['step']}: {hit['metric']})"
+        # The signal that fired (reward_crash, entropy_collapse, ...) and its onset step.
+        why = hit.get("signal", hit["metric"]) if hit is not None else ""
+        text = label if hit is None else f"{label} (collapse @ {hit['step']}: {why})"
         handles.append(Line2D([], [], color=colors[label], linewidth=2, label=text))
+    return _save_with_legend(fig, handles, out_png)
+
+
+def _smoothed(panel: _Panel, values: list[float]) -> list[float]:
+    """A compare panel's curve: the reward's moving average (up to 25 steps), evaluations
+    raw, other per-step series a light moving average (several noisy curves on one axis are
+    unreadable raw; up to 10 steps keeps the trend and still shows spikes)."""
+    if panel.smooth and len(values) > 1:
+        return trailing_mean(values, max(2, min(25, len(values) // 10)))
+    if panel.markers or len(values) == 1:
+        return list(values)
+    return trailing_mean(values, max(1, min(10, len(values) // 50)))
+
+
+def _finish_axes(ax: Any, panel: _Panel, lo: float, hi: float) -> None:
+    ax.set_title(panel.title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(True, alpha=0.3)
+    if panel.unit_range:
+        ax.set_ylim(-0.02, 1.02)
+    elif panel.from_zero and ax.get_ylim()[1] > 0:
+        ax.set_ylim(0, 1.05 * ax.get_ylim()[1])
+    elif panel.floor is not None and ax.get_ylim()[0] < panel.floor:
+        ax.set_ylim(bottom=panel.floor)
+    if lo < hi:
+        ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+
+
+def _save_with_legend(fig: Any, handles: list[Any], out_png: Path) -> Path:
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)))
-
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=100)
     return out_png
+
+
+def seed_bands(
+    seeds: Sequence[Sequence[dict[str, Any]]], key: str, panel: _Panel
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """(steps, mean, min, max) of `key` over several seeds' metrics rows.
+
+    Each seed's curve is smoothed as `plot_compare` draws it, then the seeds are combined step
+    by step over the seeds that logged that step (a seed that stopped early leaves the rest).
+    """
+    by_step: dict[float, list[float]] = {}
+    for rows in seeds:
+        steps, values = metric_series(rows, key)
+        for step, value in zip(steps, _smoothed(panel, values), strict=True):
+            by_step.setdefault(step, []).append(value)
+    steps = sorted(by_step)
+    means = [sum(by_step[s]) / len(by_step[s]) for s in steps]
+    return steps, means, [min(by_step[s]) for s in steps], [max(by_step[s]) for s in steps]
+
+
+def plot_compare_seeds(
+    runs: Mapping[str, Sequence[Sequence[dict[str, Any]]]],
+    out_png: Path,
+    title: str = "",
+    collapses: Mapping[str, Sequence[dict[str, Any] | None]] | None = None,
+) -> Path:
+    """Like `plot_compare` for several seeds per arm (label -> each seed's metrics rows).
+
+    Per arm and panel: the mean over seeds as a line, their min-max range as a shaded band
+    (`seed_bands`). The median collapse step of the seeds that collapsed is a dotted vertical
+    line, and the legend says how many seeds collapsed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.lines import Line2D
+
+    if collapses is None:
+        collapses = {label: [detect_collapse(r) for r in seeds] for label, seeds in runs.items()}
+    cmap = matplotlib.colormaps["tab10" if len(runs) <= 10 else "tab20"]
+    colors = {label: cmap(i % cmap.N) for i, label in enumerate(runs)}
+    panels = []
+    for panel in _COMPARE_PANELS:
+        lines = [(label, j, *seed_bands(seeds, key, panel)) for label, seeds in runs.items()
+                 for j, key in enumerate(panel.keys)]  # fmt: skip
+        lines = [line for line in lines if line[2]]
+        if lines:
+            panels.append((panel, lines))
+    all_steps = [s for _, lines in panels for line in lines for s in line[2]]
+    lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
+    fig, nrows, ncols = _grid(len(panels), title, extra_height=0.9)
+    medians: dict[str, float | None] = {}
+    for label, hits in collapses.items():
+        steps = sorted(h["step"] for h in hits if h is not None)
+        medians[label] = statistics.median(steps) if steps else None
+    for i, (panel, lines) in enumerate(panels):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        for label, j, steps, mean, low, high in lines:
+            color, style = colors[label], _LINESTYLES[j % len(_LINESTYLES)]
+            marker = "o" if panel.markers or len(steps) == 1 else None
+            ax.plot(steps, mean, color=color, linestyle=style, marker=marker, markersize=3.5,
+                    linewidth=1.3)  # fmt: skip
+            ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
+        for label, step in medians.items():
+            if step is not None:
+                ax.axvline(step, color=colors[label], linestyle=":", linewidth=1.5)
+        _finish_axes(ax, panel, lo, hi)
+    handles = []
+    for label, seeds in runs.items():
+        hits = [h for h in collapses.get(label, []) if h is not None]
+        text = f"{label} ({len(seeds)} seeds: mean, band min-max"
+        if hits:
+            text += f"; {len(hits)} collapsed, median step {medians[label]:g}"
+        handles.append(Line2D([], [], color=colors[label], linewidth=2, label=text + ")"))
+    return _save_with_legend(fig, handles, out_png)
 
 
 def _read_run(run_dir: Path) -> list[dict[str, Any]]:

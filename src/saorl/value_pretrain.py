@@ -6,6 +6,9 @@ of the initial policy with their outcomes. Here: build the policy exactly as `sa
 rollouts out, fit the critic on the rest with the training run's own value loss (frozen
 attention honoured, K updates per batch), report explained variance on the held-out rollouts
 before and after, and save the critic. `saorl train critic.init_from=PATH` starts from it.
+
+The in-run form of the same idea is `critic.warmup_steps`: critic-only steps on rollouts of the
+still-fixed initial policy (the `vapo` preset uses 50, VAPO's value pre-training).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 
 import torch
 
+from saorl.advantages import skip_observation_gae
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import build_env
 from saorl.evaluation import run_episodes
@@ -24,6 +28,7 @@ from saorl.learner import Learner
 from saorl.losses import value_loss
 from saorl.metrics import TrainProgress
 from saorl.models.loading import load_policy, resolve_device
+from saorl.sharding import StepMetrics
 from saorl.types import Batch
 
 
@@ -41,6 +46,24 @@ def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
             masks.append(b.action_mask)
     flat = [torch.cat([x.flatten() for x in xs]) for xs in (values, returns, masks)]
     return value_loss(flat[0][None], flat[1][None], flat[2][None])[1]["value/explained_variance"]
+
+
+def fit_critic(learner: Learner, batch: Batch) -> dict[str, float]:
+    """Steps 1-3 of `Learner.step` alone: values before the update, value targets with
+    `lambda_critic`, K critic updates; the policy and the learner's counters stay."""
+    algo = learner.cfg.algorithm
+    b = batch.to(learner.device)
+    micro = learner._micro_batches(b)
+    gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
+    learner.critic.eval()
+    with torch.no_grad():
+        values = learner.sharding.map_rows(b, micro, learner._values) * gae_mask
+    _, returns = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic)
+    for _ in range(learner.cfg.critic.updates_per_step):
+        loss, _ = learner._update_critic(b, micro, values, returns)
+    m = StepMetrics()
+    m.add("loss/value", loss)
+    return learner.sharding.floats(m)
 
 
 def _check_arguments(out: Path, rollouts: int, epochs: int) -> None:
@@ -91,7 +114,7 @@ def value_pretrain(
     for _ in range(epochs):
         train_rng.shuffle(train)
         for i in range(0, len(train), bs):
-            m = learner.fit_critic(Batch.from_trajectories(train[i : i + bs], pad))
+            m = fit_critic(learner, Batch.from_trajectories(train[i : i + bs], pad))
             losses.append(m["loss/value"])
     ev_after = _explained_variance(learner, held_batches)
     out.parent.mkdir(parents=True, exist_ok=True)

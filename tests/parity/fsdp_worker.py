@@ -28,7 +28,13 @@ CASES = {
     # 7 rows over 2 ranks (4 + 3) in micro-batches of 3: rank 1 runs a filler pass.
     "padded": ("learner.micro_batch_size=3",),
     "packed": ("learner.micro_batch_tokens=24",),
-    "vapo_seq_mean": ("algorithm.name=vapo", "algorithm.loss_agg=seq_mean_token_mean"),
+    # VAPO: 4 mini-batches of 1-2 rows over 2 ranks, the LM loss on the correct rows, the whole
+    # critic training; group_size 7 only so that the batch of 7 holds whole groups.
+    "vapo_seq_mean": (
+        "algorithm.name=vapo",
+        "algorithm.group_size=7",
+        "algorithm.loss_agg=seq_mean_token_mean",
+    ),
 }
 COMMON = ("critic.warmup_steps=0", "learner.batch_size=7", "learner.lr_warmup_steps=0")
 COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")

@@ -324,3 +324,56 @@ def test_running_mean_baseline_state_dict_round_trip() -> None:
     assert restored.state_dict() == b.state_dict()
     with pytest.raises(ValueError, match="window=4"):
         RunningMeanBaseline(window=8).load_state_dict(b.state_dict())
+
+
+def test_running_mean_baseline_global_window_over_all_prompts() -> None:
+    # The paper's global variant: the mean of the last `global_window` rewards of any prompt.
+    b = RunningMeanBaseline(window=3, scope="global", global_window=2)
+    assert b.advantage("a", 1.0) == 0.0  # nothing seen yet: advantage 0
+    assert b.advantage("b", 0.0) == -1.0  # window [1]
+    assert b.advantage("c", 1.0) == 0.5  # window [1, 0]
+    # The first 1.0 is evicted: window [0, 1]; "a"'s own history is not used.
+    assert b.advantage("a", 0.0) == -0.5
+    assert b.baseline("never seen") == pytest.approx(0.5)  # window [1, 0]
+
+
+def test_running_mean_baseline_prompt_then_global_fills_first_visits() -> None:
+    # Per-prompt baseline, with the global window for a prompt's first visit: on a dataset
+    # with few revisits most samples would otherwise get advantage 0.
+    b = RunningMeanBaseline(window=2, scope="prompt_then_global", global_window=4)
+    assert b.advantage("a", 1.0) == 0.0  # first reward of the run: no baseline at all
+    assert b.advantage("b", 0.0) == -1.0  # "b" is new: global window [1]
+    assert b.advantage("c", 1.0) == 0.5  # "c" is new: global window [1, 0]
+    assert b.advantage("a", 0.0) == -1.0  # "a" has history [1]: its own mean
+    plain = RunningMeanBaseline(window=2)  # the default scope gives first visits nothing
+    assert [plain.advantage(k, r) for k, r in [("a", 1.0), ("b", 0.0), ("c", 1.0)]] == [0, 0, 0]
+
+
+def test_running_mean_baseline_global_state_round_trip_and_old_checkpoints() -> None:
+    b = RunningMeanBaseline(window=2, scope="prompt_then_global", global_window=3)
+    for i in range(7):
+        b.advantage(i % 4, float(i % 3))
+    restored = RunningMeanBaseline(window=2, scope="prompt_then_global", global_window=3)
+    restored.load_state_dict(b.state_dict())
+    for i in range(6):
+        for key in (0, 5, "new"):
+            assert restored.advantage(key, i * 0.5) == b.advantage(key, i * 0.5)
+    with pytest.raises(ValueError, match="global_window"):
+        RunningMeanBaseline(window=2, global_window=128).load_state_dict(b.state_dict())
+    # A checkpoint written before the global window existed: per-prompt windows restored,
+    # the global window starts empty.
+    old = {"window": 2, "empty_baseline": None, "history": [("p", [1.0, 0.0])]}
+    c = RunningMeanBaseline(window=2, scope="prompt_then_global")
+    c.load_state_dict(old)
+    assert c.baseline("p") == 0.5 and c.baseline("q") is None
+
+
+def test_running_mean_baseline_scope_is_the_config_field() -> None:
+    from saorl.learner import Learner
+    from saorl.models.loading import load_policy
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config("algorithm.name=running_mean", "algorithm.baseline_scope=global",
+                      "algorithm.baseline_global_window=16")  # fmt: skip
+    learner = Learner(cfg, load_policy(cfg.model)[0], torch.device("cpu"))
+    assert (learner.baseline.scope, learner.baseline.global_window) == ("global", 16)

@@ -2,7 +2,9 @@
 
 The fake writes what `saorl.loop.train_from_config` writes that the report reads
 (`metrics.jsonl`, `summary.json`, `config.toml`), so arm bookkeeping (skip, resume, retry,
-failure records) and the report files are tested in well under a second per test.
+failure records, seeds) and the report files (per run, per arm over seeds, the band plot) are
+tested in well under a second per test. A real tiny `saorl compare --seeds 2 --jobs 2` run is
+in tests/e2e/test_compare_seeds.py.
 """
 
 from __future__ import annotations
@@ -20,28 +22,34 @@ import pytest
 
 import saorl.compare
 from saorl.cli import main
+from saorl.collapse import detect_collapse
 from saorl.compare import (
     ARMS,
     DEFAULT_ARMS,
     Arm,
+    failed_runs,
     parse_arm,
     parse_arms,
     run_compare,
     split_arms,
     write_compare_report,
 )
-from saorl.config import Config, ConfigError, config_to_toml
+from saorl.compare_arms import ABLATIONS, arm_components, components_table
+from saorl.config import Config, ConfigError, config_to_toml, load_config
+from saorl.report import _COMPARE_PANELS, seed_bands
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _rows(steps: int, collapse_at: int | None, eval_every: int = 10) -> list[dict[str, Any]]:
-    """A rising run; with `collapse_at`, accuracy and reward fall to ~0 from that step."""
+def _rows(
+    steps: int, collapse_at: int | None, eval_every: int = 10, gain: float = 0.3
+) -> list[dict[str, Any]]:
+    """A rising run (by `gain`); with `collapse_at`, accuracy and reward fall to ~0 from there."""
     rows: list[dict[str, Any]] = [{"step": 0, "eval/accuracy": 0.2}]
     for step in range(1, steps + 1):
         down = collapse_at is not None and step >= collapse_at
-        acc = 0.01 if down else 0.2 + 0.3 * step / steps
+        acc = 0.01 if down else 0.2 + gain * step / steps
         row: dict[str, Any] = {
             "step": step,
             "rollout/reward_mean": acc + (0.03 if step % 2 else -0.03),
@@ -58,9 +66,11 @@ def _rows(steps: int, collapse_at: int | None, eval_every: int = 10) -> list[dic
     return rows
 
 
-def _write_run(run_dir: Path, steps: int = 100, collapse_at: int | None = None) -> None:
+def _write_run(
+    run_dir: Path, steps: int = 100, collapse_at: int | None = None, gain: float = 0.3
+) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
-    rows = _rows(steps, collapse_at)
+    rows = _rows(steps, collapse_at, gain=gain)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
     summary = {
@@ -84,11 +94,13 @@ class FakeTrainer:
     def __call__(self, cfg: Config, resume: str | None = None) -> dict[str, Any]:
         self.calls.append((cfg.run.name, resume, cfg))
         run_dir = Path(resume) if resume else Path(cfg.run.output_dir) / cfg.run.name
-        if cfg.run.name in self.fail:
-            raise RuntimeError(f"loss is NaN in {cfg.run.name}")
+        # The arm: the run's name, or with several seeds (OUT/ARM/seedS) its directory's.
+        arm = Path(cfg.run.output_dir).name if cfg.run.name.startswith("seed") else cfg.run.name
+        if arm in self.fail:
+            raise RuntimeError(f"loss is NaN in {arm}")
         (run_dir).mkdir(parents=True, exist_ok=True)
         (run_dir / "config.toml").write_text(config_to_toml(cfg))
-        _write_run(run_dir, cfg.run.total_steps, self.collapse.get(cfg.run.name))
+        _write_run(run_dir, cfg.run.total_steps, self.collapse.get(arm))
         return json.loads((run_dir / "summary.json").read_text())
 
 
@@ -116,7 +128,7 @@ def test_builtin_arms() -> None:
     assert parse_arm("grpo") == Arm("grpo", ("algorithm.name=grpo",))
     assert parse_arm("sao_k1").overrides == ("algorithm.name=sao", "critic.updates_per_step=1")
     assert set(DEFAULT_ARMS) == {"sao", "grpo", "grpo_dis", "running_mean", "vapo"}
-    for name in ("sao_no_freeze", "sao_k1", "sao_fixed_lambda", "sao_no_warmup"):
+    for name in ("sao_no_freeze", "sao_k1", "sao_fixed_lambda", "sao_no_warmup", "sao_ppo_clip"):
         assert name in ARMS
 
 
@@ -246,9 +258,13 @@ def test_write_compare_report_on_fixture_runs(tmp_path: Path) -> None:
     table = _read_csv(tmp_path / "summary.csv")
     assert list(table) == arms
     assert table["sao"]["status"] == "done" and table["sao"]["collapse_step"] == ""
-    assert table["grpo"]["collapse_step"] == "160"
-    assert table["vapo"]["collapse_step"] == "90"
-    assert "eval/accuracy" in table["grpo"]["collapse_reason"]
+    # The report's collapse step is the detector's on the run's rows (saorl.collapse, tested
+    # there): at or shortly after the step the fixture collapses.
+    for arm, at in (("grpo", 160), ("vapo", 90)):
+        expected = detect_collapse(_rows(200, at))
+        assert expected is not None and at <= expected["step"] <= at + 10
+        assert table[arm]["collapse_step"] == str(expected["step"])
+        assert table[arm]["collapse_reason"] == expected["reason"]
     assert float(table["sao"]["initial_eval_accuracy"]) == pytest.approx(0.2)
     assert float(table["sao"]["final_eval_accuracy"]) == pytest.approx(0.5)
     assert float(table["grpo"]["best_eval_accuracy"]) == pytest.approx(0.2 + 0.3 * 150 / 200)
@@ -266,7 +282,7 @@ def test_write_compare_report_on_fixture_runs(tmp_path: Path) -> None:
     assert "data:image/png;base64," in page  # compare.png is embedded: one file to share
     for arm in arms:
         assert f">{arm}<" in page
-    assert ">160<" in page and ">90<" in page
+    assert f">{table['grpo']['collapse_step']}<" in page
     assert "ValueError: &lt;bad&gt; &amp; worse" in page  # escaped, not injected
 
 
@@ -315,7 +331,7 @@ def test_cli_compare(fake: FakeTrainer, tmp_path: Path, capsys: pytest.CaptureFi
     assert main([*argv, "run.seed=3", "--push-every", "2"]) == 1  # an arm failed
     captured = capsys.readouterr()
     assert captured.out.strip() == str(out / "index.html")
-    assert "failed arms: boom" in captured.err
+    assert "failed runs: boom" in captured.err
     assert [(n, c.run.seed, c.learner.push_every) for n, _, c in fake.calls] == [
         ("sao", 3, 2),
         ("boom", 3, 2),
@@ -346,3 +362,135 @@ def test_compare_and_report_modules_do_not_import_torch() -> None:
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
     )
     assert result.returncode == 0, result.stderr
+
+
+# --- seeds ----------------------------------------------------------------------------------
+
+
+def _write_seeds(out: Path) -> None:
+    """sao: three seeds ending at 0.5, 0.44, 0.38; grpo: two of three seeds collapse."""
+    for seed, gain in ((0, 0.3), (1, 0.24), (2, 0.18)):
+        _write_run(out / "sao" / f"seed{seed}", steps=120, gain=gain)
+    _write_run(out / "grpo" / "seed0", steps=120, collapse_at=60)
+    _write_run(out / "grpo" / "seed1", steps=120, collapse_at=80)
+    _write_run(out / "grpo" / "seed2", steps=120)
+
+
+def test_report_over_seeds_gives_mean_spread_and_collapse_fraction(tmp_path: Path) -> None:
+    _write_seeds(tmp_path)
+    index = write_compare_report(tmp_path, ["sao", "grpo"], seeds=[0, 1, 2])
+    arms = _read_csv(tmp_path / "arms.csv")
+    sao, grpo = arms["sao"], arms["grpo"]
+    assert (sao["runs"], sao["done"]) == ("3", "3")
+    assert float(sao["final_mean"]) == pytest.approx(0.44)
+    assert float(sao["final_std"]) == pytest.approx(0.06)  # sample std of 0.5, 0.44, 0.38
+    assert (float(sao["final_min"]), float(sao["final_max"])) == pytest.approx((0.38, 0.5))
+    assert float(sao["collapsed_frac"]) == 0.0 and sao["collapse_step_median"] == ""
+    assert float(grpo["final_mean"]) == pytest.approx((0.01 + 0.01 + 0.5) / 3, rel=1e-5)
+    assert float(grpo["collapsed_frac"]) == pytest.approx(2 / 3, rel=1e-5)
+    steps = [detect_collapse(_rows(120, at))["step"] for at in (60, 80)]  # type: ignore[index]
+    assert float(grpo["collapse_step_median"]) == pytest.approx(sum(steps) / 2)
+    # What each arm is, from the settings it runs with, is in the table and the page.
+    assert grpo["loss"] == "ppo_clip (0.2/0.28)" and grpo["minibatches"] == "4"
+    assert sao["critic"].startswith("lr 5x policy, K=2, attention frozen")
+    runs = _read_csv_rows(tmp_path / "summary.csv")
+    assert [(r["arm"], r["seed"]) for r in runs] == [
+        ("sao", "0"), ("sao", "1"), ("sao", "2"), ("grpo", "0"), ("grpo", "1"), ("grpo", "2"),
+    ]  # fmt: skip
+    page = index.read_text()
+    assert "What each arm is" in page and "group sampling" not in page
+    assert "sao/seed1/report.png" not in page  # no report.png was written for the fixtures
+    _assert_png(tmp_path / "compare.png")
+    # Without the seeds given, the seedS directories are found.
+    write_compare_report(tmp_path, ["sao", "grpo"])
+    assert _read_csv(tmp_path / "arms.csv")["grpo"]["runs"] == "3"
+
+
+def _read_csv_rows(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_seed_bands_are_mean_min_and_max_per_step() -> None:
+    seeds = [_rows(40, None, gain=g) for g in (0.3, 0.2, 0.1)]
+    seeds[2] = seeds[2][:21]  # the third seed stopped at step 20
+    panel = next(p for p in _COMPARE_PANELS if p.keys == ("eval/accuracy",))
+    steps, mean, low, high = seed_bands(seeds, "eval/accuracy", panel)
+    assert steps == [0, 10, 20, 30, 40]
+    at20 = [0.2 + g * 20 / 40 for g in (0.3, 0.2, 0.1)]
+    i = steps.index(20)
+    assert mean[i] == pytest.approx(sum(at20) / 3)
+    assert (low[i], high[i]) == pytest.approx((min(at20), max(at20)))
+    # Step 40: only the two seeds that got there.
+    assert mean[-1] == pytest.approx((0.5 + 0.4) / 2) and low[-1] == pytest.approx(0.4)
+
+
+def test_run_compare_with_seeds_runs_every_arm_at_every_seed(
+    fake: FakeTrainer, tmp_path: Path
+) -> None:
+    out = tmp_path / "cmp"
+    index = run_compare(None, ["run.seed=5"], ["sao", "sao_k1"], out, steps=100, seeds=2)
+    assert [(n, c.run.seed, c.run.output_dir) for n, _, c in fake.calls] == [
+        ("seed5", 5, str(out / "sao")), ("seed5", 5, str(out / "sao_k1")),
+        ("seed6", 6, str(out / "sao")), ("seed6", 6, str(out / "sao_k1")),
+    ]  # fmt: skip
+    assert json.loads((out / "compare.json").read_text())["seeds"] == [5, 6]
+    arms = _read_csv(out / "arms.csv")
+    assert arms["sao_k1"]["runs"] == "2" and float(arms["sao_k1"]["collapsed_frac"]) == 1.0
+    assert arms["sao_k1"]["critic"].startswith("lr 5x policy, K=1")  # from its config.toml
+    assert index.is_file()
+    # A rerun skips every finished run.
+    fake.calls.clear()
+    run_compare(None, ["run.seed=5"], ["sao", "sao_k1"], out, steps=100, seeds=2)
+    assert fake.calls == []
+    with pytest.raises(ConfigError, match="--seeds"):
+        run_compare(None, [], ["sao"], out, seeds=0)
+
+
+def test_arm_components_say_what_each_arm_is() -> None:
+    vapo = arm_components(load_config(None, ["algorithm.name=vapo"]))
+    assert vapo == {
+        "advantage": "gae (adaptive lambda, alpha 0.05; critic lambda 1)",
+        "loss": "ppo_clip (0.2/0.28) + LM loss 0.1 on correct samples",
+        "critic": "lr 2x policy, K=1, all trains, 50 warm-up steps",
+        "minibatches": "4",
+        "groups": "16 per prompt (group sampling)",
+    }
+    old = arm_components(load_config(None, ["algorithm.name=sao_ppo_clip"]))
+    assert old["loss"] == "ppo_clip (0.2/0.28)" and old["minibatches"] == "1"
+    assert old["critic"] == "lr 5x policy, K=2, attention frozen, 10 warm-up steps"
+
+
+def test_readme_and_docs_tables_of_arms_match_the_presets() -> None:
+    # The tables say what each arm runs; they must be the presets' own words, not a memory.
+    root = Path(__file__).resolve().parents[2]
+    table = components_table([*DEFAULT_ARMS, "sao_ppo_clip", *ABLATIONS])
+    for doc in ("README.md", "docs/algorithms.md"):
+        text = (root / doc).read_text(encoding="utf-8")
+        assert components_table([*DEFAULT_ARMS, "sao_ppo_clip"]) in text or table in text, doc
+
+
+def test_the_multi_seed_tool_preset_validates_for_every_arm() -> None:
+    # examples/compare_tool.toml with --push-every 4, for every arm its docs command runs.
+    path = Path(__file__).resolve().parents[2] / "examples" / "compare_tool.toml"
+    for arm in ("sao", "grpo", "grpo_dis", "vapo", *ABLATIONS):
+        cfg = load_config(path, [*ARMS[arm], "learner.push_every=4"])
+        assert cfg.env.name == "tool_arithmetic" and cfg.run.total_steps == 200
+        assert cfg.learner.batch_size % cfg.algorithm.samples_per_prompt == 0
+
+
+def test_parallel_runs_record_the_failures_of_their_processes(tmp_path: Path) -> None:
+    # --jobs 2: each run in its own `python -m saorl.compare` process. Invalid values fail in
+    # the child before any training; the parent sees the exit codes and the failure records.
+    out = tmp_path / "cmp"
+    arms = ["neg:algorithm.eps_low=-1", "bad:critic.lr=-1"]
+    run_compare(None, [], arms, out, steps=10, seeds=2, jobs=2)
+    table = _read_csv_rows(out / "summary.csv")
+    assert [(r["arm"], r["seed"], r["status"]) for r in table] == [
+        ("neg", "0", "failed"), ("neg", "1", "failed"), ("bad", "0", "failed"),
+        ("bad", "1", "failed"),
+    ]  # fmt: skip
+    assert all("eps_low" in r["error"] for r in table[:2])
+    assert all("critic.lr" in r["error"] for r in table[2:])
+    assert "FAILED" in (out / "neg" / "seed0.log").read_text()
+    assert failed_runs(out) == ["neg/seed0", "neg/seed1", "bad/seed0", "bad/seed1"]

@@ -9,7 +9,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from saorl.losses import dis_policy_loss, masked_aggregate, ppo_clip_policy_loss, value_loss
+from saorl.losses import (
+    dis_policy_loss,
+    masked_aggregate,
+    positive_lm_loss,
+    ppo_clip_policy_loss,
+    value_loss,
+)
 
 PROPERTY = settings(max_examples=40, deadline=None)
 
@@ -315,3 +321,47 @@ def test_value_explained_variance_edge_cases() -> None:
     # No action tokens: loss 0 and every metric 0.
     loss, metrics = value_loss(v, r, torch.zeros(1, 3), old_values=v, clip=0.1)
     assert loss.item() == 0.0 and all(m == 0.0 for m in metrics.values())
+
+
+# ----------------------------------------------------------------------------- positive LM loss
+
+
+def test_positive_lm_loss_by_hand() -> None:
+    # Rows 0 and 2 are correct; row 1 is not and must not count. Column 3 of row 0 is padding
+    # (mask 0) holding -inf; row 2 has one action token.
+    nan, inf = math.nan, math.inf
+    lp = torch.tensor(
+        [[-0.5, -1.0, -2.0, -inf], [-3.0, -4.0, nan, 0.0], [-0.25, 0.0, 0.0, 0.0]],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0]])
+    positive = torch.tensor([True, False, True])
+    loss, metrics = positive_lm_loss(lp, mask, positive)
+    # token_mean over the 4 action tokens of the correct rows: (0.5 + 1 + 2 + 0.25) / 4.
+    assert loss.item() == pytest.approx(3.75 / 4)
+    assert metrics["loss/lm"] == pytest.approx(3.75 / 4)
+    assert metrics["lm/positive_frac"] == pytest.approx(2 / 3)
+    loss.backward()
+    assert lp.grad is not None
+    # d/dlogp of -logp / 4 on the correct rows' action tokens, 0 everywhere else (no NaN).
+    expected = torch.zeros(3, 4, dtype=torch.float64)
+    expected[0, :3] = -0.25
+    expected[2, 0] = -0.25
+    assert torch.equal(lp.grad, expected)
+    # seq_mean_token_mean: row 0 -> 3.5 / 3, row 2 -> 0.25; their mean.
+    seq, _ = positive_lm_loss(lp.detach(), mask, positive, "seq_mean_token_mean")
+    assert seq.item() == pytest.approx((3.5 / 3 + 0.25) / 2)
+
+
+def test_positive_lm_loss_without_correct_rows_is_zero() -> None:
+    lp = torch.randn(2, 3, requires_grad=True)
+    loss, metrics = positive_lm_loss(lp, torch.ones(2, 3), torch.zeros(2))
+    assert loss.item() == 0.0 and metrics["lm/positive_frac"] == 0.0
+    loss.backward()
+    assert lp.grad is not None and torch.equal(lp.grad, torch.zeros(2, 3))
+
+
+def test_positive_lm_loss_checks_the_row_flags_shape() -> None:
+    with pytest.raises(ValueError, match=r"\(B,\) tensor"):
+        positive_lm_loss(torch.zeros(2, 3), torch.ones(2, 3), torch.ones(2, 3))

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from saorl.config.base import ConfigError
+from saorl.config.presets import describe_presets, implied_settings
 from saorl.config.runtime import Config
 
 # ---------------------------------------------------------------------------------------------
@@ -260,25 +261,30 @@ def _show(value: Any) -> str:
 def config_to_toml(cfg: Config, comments: bool = False) -> str:
     """Render `cfg` as TOML that `load_config` reads back to an equal config.
 
-    None values are omitted (None is every optional field's default). Fields a preset implies
-    (`algorithm.advantage` and `algorithm.policy_loss` from `algorithm.name`) are written only
+    None values are omitted (None is every optional field's default). Fields the
+    `algorithm.name` preset sets (`saorl.config.presets`, in any section) are written only
     where they differ from it, so a saved config then combined with an `algorithm.name`
-    override means what it says. With `comments`, each key is preceded by its description (and
-    an implied field is shown commented out).
+    override means what it says; where they equal it they are shown commented out with the
+    preset's name, so the output still shows every value in effect. With `comments`, each key
+    is preceded by its description.
     """
+    preset = implied_settings(cfg)
     lines: list[str] = []
     for section in type(cfg).model_fields:
         sub = getattr(cfg, section)
-        implied = sub.implied_fields()
+        implied = {**sub.implied_fields(), **preset.get(section, {})}
         lines.append(f"[{section}]")
         for name, info in type(sub).model_fields.items():
             value = getattr(sub, name)
-            if value is None or (name in implied and implied[name] == value and not comments):
+            if value is None:
                 continue
             if comments:
                 lines.append(f"# {info.description}")
-            commented = "# " if name in implied and implied[name] == value else ""
-            lines.append(f"{commented}{name} = {_toml_value(value)}")
+            if name in implied and implied[name] == value:
+                note = f"  # algorithm.name = {_toml_value(cfg.algorithm.name)}"
+                lines.append(f"# {name} = {_toml_value(value)}{note}")
+            else:
+                lines.append(f"{name} = {_toml_value(value)}")
         lines.append("")
     return "\n".join(lines)
 
@@ -298,7 +304,7 @@ def describe_config() -> str:
             lines.append(f"  {section}.{name} = {shown}  ({kind}{extra})")
             lines.append(f"      {info.description}")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n" + describe_presets()
 
 
 def _type_text(annotation: Any) -> str:

@@ -1,0 +1,65 @@
+"""The critic is trained on every position GAE reads a value at: action tokens only by default,
+observation tokens too in the `algorithm.skip_observations=false` ablation (which would
+otherwise bootstrap through values the critic never learns)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from saorl.learner import Learner
+from saorl.models.logprobs import sequence_logprobs
+from saorl.types import Batch, Trajectory
+from tests.conftest import tiny_config
+
+# action, observation, action: the tool-call shape of a multi-turn episode
+LOSS_MASK = [1, 1, 1, 0, 0, 0, 0, 1, 1]
+
+
+def _obs_batch(policy, n: int = 8) -> Batch:
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(n):
+        p_len, c_len = 3 + i % 2, len(LOSS_MASK)
+        ids = torch.randint(3, 90, (p_len + c_len,), generator=g).tolist()
+        with torch.no_grad():
+            t = torch.tensor([ids])
+            lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, p_len:].tolist()
+        # Rewards are never 0, so the zero-initialised value head is wrong on every row.
+        trajs.append(Trajectory(ids[:p_len], ids[p_len:], LOSS_MASK, lp, [0] * c_len,
+                                reward=0.25 + 0.5 * (i % 2)))  # fmt: skip
+    return Batch.from_trajectories(trajs, pad_id=0)
+
+
+def _learner(policy, skip: bool) -> Learner:
+    cfg = tiny_config(f"algorithm.skip_observations={str(skip).lower()}",
+                      "critic.warmup_steps=100", "critic.updates_per_step=1",
+                      "learner.micro_batch_size=8")  # fmt: skip
+    return Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("skip", [True, False])
+def test_the_value_loss_covers_the_positions_gae_reads(tiny_policy, skip):
+    policy, _ = tiny_policy
+    batch = _obs_batch(policy)
+    learner = _learner(policy, skip)
+    outputs: list[torch.Tensor] = []
+
+    def keep(module, args, out):
+        if out.requires_grad:  # the training forward of the critic update
+            out.retain_grad()
+            outputs.append(out)
+
+    learner.critic.register_forward_hook(keep)
+    learner.step(batch)  # a critic warm-up step: one value-loss update, no policy update
+    (values,) = outputs  # one micro-batch of all 8 rows
+    action = batch.action_mask.bool()
+    observation = batch.completion_mask.bool() & ~action
+    assert observation.any()
+    assert values.grad[action].abs().sum() > 0
+    if skip:
+        assert torch.count_nonzero(values.grad[observation]) == 0
+    else:
+        assert values.grad[observation].abs().min() > 0  # every observation token is a target
