@@ -1,6 +1,8 @@
-"""Learner cost: packed vs padded policy+critic steps, and chunked vs full-vocabulary log-probs.
+"""Learner cost: packed vs padded steps, chunked vs full-vocabulary log-probs, and gradient
+checkpointing.
 
     python benchmarks/bench_learner.py [--rows 32] [--steps 2] [--out PATH]
+    python benchmarks/bench_learner.py --part checkpointing   # part 3 only
 
 1. One SAO learner step (critic values, K=2 critic updates, one DIS policy update) on a batch
    with long-tailed lengths (prompt 16 tokens + lognormal response, median 64, sigma 1, at most
@@ -12,6 +14,13 @@
 2. Per-token log-probs of a 150k vocabulary, forward + backward: `sequence_logprobs` (chunks of
    `--chunk` positions, each under activation checkpointing) against the plain path
    (`model(...).logits` -> float32 log-softmax over the whole sequence).
+3. One SAO learner step of a Qwen3-0.6B-shaped model (hidden 1024, 16 query / 8 key-value heads
+   of 128, MLP 3072, vocabulary 151,936, tied embeddings; random init) with 4 of its 28 layers
+   (a full step of 28 layers takes too long on a 2-core CPU), `model.gradient_checkpointing`
+   off and on, `--ckpt-rows` rows of `--ckpt-seq` tokens in one micro-batch: the peak memory
+   of a step on top of weights and optimizer state (the second step; the first also allocates
+   Adam's state, reported as `first_step_peak_mb`) and its time. Written to
+   benchmarks/results/learner_checkpointing.json.
 
 Peak memory is measured honestly on CPU: every variant runs in a fresh subprocess, which
 records its resident set size just before the measured work (`/proc/self/statm`) and the
@@ -162,6 +171,73 @@ def _logprob_variant(variant: str, seq: int, chunk: int) -> dict:
     }
 
 
+QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
+             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": VOCAB,
+             "tie_word_embeddings": True, "num_hidden_layers": 28}  # fmt: skip
+CKPT_LAYERS = 4
+
+
+def _checkpointing_variant(variant: str, rows: int, seq: int) -> dict:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from saorl.config import load_config
+    from saorl.learner import Learner
+    from saorl.models.logprobs import sequence_logprobs
+    from saorl.types import Batch, Trajectory
+
+    cfg = load_config(None, [
+        f"model.max_seq_len={seq}", f"learner.batch_size={rows}",
+        f"learner.micro_batch_size={rows}", "critic.warmup_steps=0", "learner.sft_steps=0",
+        f"model.gradient_checkpointing={'true' if variant == 'on' else 'false'}",
+    ])  # fmt: skip
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    config = Qwen3Config(**{**QWEN3_06B, "num_hidden_layers": CKPT_LAYERS},
+                         max_position_embeddings=seq)  # fmt: skip
+    policy = Qwen3ForCausalLM(config)
+    if cfg.model.gradient_checkpointing:  # what load_policy does for a loaded model
+        policy.activation_checkpointing_enable({"use_reentrant": False})
+    g = torch.Generator().manual_seed(1)
+    prompt = 16
+    trajs = []
+    for i in range(rows):
+        ids = torch.randint(3, VOCAB, (seq,), generator=g).tolist()
+        with torch.no_grad():
+            t = torch.tensor([ids])
+            lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, prompt:].tolist()
+        n = seq - prompt
+        trajs.append(Trajectory(ids[:prompt], ids[prompt:], [1] * n, lp, [0] * n,
+                                reward=float(i % 2)))  # fmt: skip
+    batch = Batch.from_trajectories(trajs, pad_id=0)
+    learner = Learner(cfg, policy, torch.device("cpu"))
+    base = _rss_mb()
+    learner.step(batch)  # the first step also allocates both optimizers' state
+    first = _peak_mb() - base
+    # The second step's own peak: activations and gradients on top of weights and optimizer
+    # state, which is what checkpointing changes. Writing 5 to clear_refs resets VmHWM.
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = _rss_mb()
+    t0 = time.perf_counter()
+    learner.step(batch)
+    return {
+        "variant": variant,
+        "shape": f"qwen3-0.6b, {CKPT_LAYERS} of 28 layers",
+        "params_policy": sum(p.numel() for p in learner.policy.parameters()),
+        "rows": rows,
+        "tokens": rows * seq,
+        "step_s": time.perf_counter() - t0,
+        "first_step_peak_mb": first,
+        "peak_mb": _hwm_mb() - base,
+    }
+
+
+def _hwm_mb() -> float:
+    """This process's resident high-water mark (VmHWM), resettable through clear_refs."""
+    with open("/proc/self/status") as f:
+        return next(int(x.split()[1]) for x in f if x.startswith("VmHWM")) / 1024
+
+
 def _fresh(kind: str, variant: str, args: argparse.Namespace) -> dict:
     """Run one variant in a new interpreter, so its peak memory is its own."""
     cmd = [
@@ -178,6 +254,10 @@ def _fresh(kind: str, variant: str, args: argparse.Namespace) -> dict:
         str(args.seq),
         "--chunk",
         str(args.chunk),
+        "--ckpt-rows",
+        str(args.ckpt_rows),
+        "--ckpt-seq",
+        str(args.ckpt_seq),
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
@@ -191,16 +271,24 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=1024, help="positions for the log-prob test")
     parser.add_argument("--chunk", type=int, default=256, help="chunk size of chunked log-probs")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/learner.json"))
+    parser.add_argument("--ckpt-rows", type=int, default=2, help="rows of the checkpointing step")
+    parser.add_argument("--ckpt-seq", type=int, default=512, help="tokens per row there")
+    parser.add_argument("--part", choices=("all", "checkpointing"), default="all")
+    parser.add_argument("--out", type=Path, help="default benchmarks/results/learner.json")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "VARIANT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, variant = args.child
         if kind == "learner":
             res = _learner_variant(variant, args.rows, args.steps, args.seed)
+        elif kind == "checkpointing":
+            res = _checkpointing_variant(variant, args.ckpt_rows, args.ckpt_seq)
         else:
             res = _logprob_variant(variant, args.seq, args.chunk)
         print(json.dumps(res))
+        return
+    checkpointing = _checkpointing(args)
+    if args.part == "checkpointing":
         return
     learner = {v: _fresh("learner", v, args) for v in ("padded", "packed")}
     logprobs = {v: _fresh("logprobs", v, args) for v in ("full", "chunked")}
@@ -238,11 +326,34 @@ def main() -> None:
     report = {
         "learner": learner,
         "logprobs": logprobs,
+        "checkpointing": checkpointing,
         "ratios": ratios,
         "targets": targets,
         "machine": machine(),
     }
-    write_report(args.out, report)
+    write_report(args.out or Path("benchmarks/results/learner.json"), report)
+
+
+def _checkpointing(args: argparse.Namespace) -> dict:
+    """Part 3: the step with gradient checkpointing off and on, each in a fresh process."""
+    load = os.getloadavg()[0]
+    runs = {v: _fresh("checkpointing", v, args) for v in ("off", "on")}
+    off, on = runs["off"], runs["on"]
+    ratios = {"on_over_off_peak_mem": on["peak_mb"] / off["peak_mb"],
+              "on_over_off_step_s": on["step_s"] / off["step_s"]}  # fmt: skip
+    print(
+        f"gradient checkpointing, {off['shape']}: {off['rows']} rows x "
+        f"{off['tokens'] // off['rows']} tokens, one SAO step (K=2 critic updates + policy)"
+    )
+    for name, r in runs.items():
+        print(f"  {name:<4} step peak {r['peak_mb']:>7.0f} MB (first step "
+              f"{r['first_step_peak_mb']:.0f} MB)   step {r['step_s']:>7.1f} s")  # fmt: skip
+    for k, v in ratios.items():
+        print(f"{k}: {v:.3f}")
+    report = {"runs": runs, "ratios": ratios, "machine": machine(load_average_at_start=load)}
+    if args.part == "checkpointing":
+        write_report(args.out or Path("benchmarks/results/learner_checkpointing.json"), report)
+    return report
 
 
 if __name__ == "__main__":

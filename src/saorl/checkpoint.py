@@ -4,7 +4,15 @@ A checkpoint is one file `checkpoints/step_XXXXXXXX.pt` holding everything neede
 policy and critic weights, both optimizers, the learner's step and version counters, RNG states
 and the data position. It is written to a temporary file in the same directory, fsynced, then
 renamed over the final name, so a crash leaves either the previous checkpoint or the new one as
-the latest, never half a file. Older checkpoints are deleted only after a newer one is in place.
+the latest, never half a file. Older checkpoints are deleted only after a newer one is in place;
+`run.keep_last_checkpoints` of them stay.
+
+Beside it, directories of the same step: `step_X.hf/`, the policy in Hugging Face format
+(`run.save_hf`, written by `save_step` before the `.pt`, for evaluation and serving), and for
+FSDP2 runs `step_X.dcp/`, the weights and optimizer states as torch.distributed.checkpoint
+shards (`saorl.distributed.dcp`), which the `.pt` then names instead of holding them. The `.pt`
+is written last and commits the step: a directory whose `.pt` is missing is left over from a
+killed write and is deleted when a run resumes, or with its `.pt` when that is pruned.
 
 Loading never runs code from the file (a pickle can call any function): every checkpoint and
 `critic.init_from` file is read by `load_state_file`, which builds only tensors, plain Python data
@@ -19,6 +27,7 @@ import os
 import pickle
 import pickletools
 import re
+import shutil
 import sys
 import warnings
 import zipfile
@@ -66,8 +75,58 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
         os.close(dir_fd)
     kill_if_armed("checkpoint_cleanup", step)
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
-        old.unlink(missing_ok=True)
+        old.unlink(missing_ok=True)  # first: from here on the step is no checkpoint
+        _remove_companions(old)
     return final
+
+
+def save_step(
+    learner: Any, tokenizer: Any, run_dir: Path, state: dict[str, Any], save_hf: bool
+) -> None:
+    """The checkpoint of `learner`'s current step: its Hugging Face copy first (`save_hf`),
+    then `learner.save`, whose `.pt` commits the step (`saorl.interfaces.Learner`)."""
+    if save_hf:
+        learner.export(tokenizer, hf_checkpoint_path(run_dir, learner.steps))
+    learner.save(run_dir, state)
+
+
+def hf_checkpoint_path(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` keeps the policy in Hugging Face format."""
+    return checkpoint_dir(run_dir) / f"step_{step:08d}.hf"
+
+
+def sharded_checkpoint_path(run_dir: Path, step: int) -> Path:
+    """Where the checkpoint of `step` of an FSDP2 run keeps its torch.distributed shards."""
+    return checkpoint_dir(run_dir) / f"step_{step:08d}.dcp"
+
+
+_COMPANION = re.compile(r"^step_(\d{8})\.(hf|dcp)$")
+
+
+def _remove_companions(ckpt: Path) -> None:
+    """Delete the directories that belong to checkpoint file `ckpt` (`step_X.hf`, `.dcp`)."""
+    for suffix in (".hf", ".dcp"):
+        shutil.rmtree(ckpt.with_suffix(suffix), ignore_errors=True)
+
+
+def _remove_leftovers(run_dir: Path) -> list[str]:
+    """Temporary files and directories of a killed write (checkpoints and `final/`), and
+    companion directories whose `.pt` is gone (written before a kill, or left by a pruning cut
+    short); their names."""
+    d = checkpoint_dir(run_dir)
+    removed = []
+    for p in [*d.iterdir(), *run_dir.glob(".final.*")]:
+        orphan = _COMPANION.match(p.name) and not p.with_suffix(".pt").exists()
+        temporary = p.name.startswith((".step_", ".final.")) and (
+            ".tmp." in p.name or ".old." in p.name
+        )
+        if orphan or temporary:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p.name)
+    return removed
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -184,6 +243,80 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
     return state
 
 
+# What the `.metadata` pickle of a torch.distributed.checkpoint directory may build: DCP's own
+# metadata records, torch sizes, dtypes and layouts, and the path it was saved under.
+_DCP = "torch.distributed.checkpoint."
+_DCP_GLOBALS = {
+    *((_DCP + "metadata", n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties",
+                                        "ChunkStorageMetadata", "MetadataIndex", "StorageMeta",
+                                        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")),
+    (_DCP + "filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
+}  # fmt: skip
+_SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
+
+
+class _RefusedGlobal(Exception):
+    pass
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """An unpickler that builds only `_DCP_GLOBALS` and torch dtypes (DCP itself uses plain
+    `pickle.load`, which would run whatever a crafted file asks for)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) in _DCP_GLOBALS or dtype:
+            return super().find_class(module, name)
+        raise _RefusedGlobal(f"{module}.{name}")
+
+
+def read_sharded_metadata(folder: str | Path) -> Any:
+    """The `.metadata` of the torch.distributed.checkpoint directory `folder`, read without
+    running code from it, and checked to describe tensors only, stored in shard files of
+    `folder` that exist.
+
+    DCP would read a non-tensor entry with `torch.load(weights_only=False)`; saorl never writes
+    one (`saorl.distributed.dcp`), so such an entry, like a disallowed global or a storage path
+    outside the directory, raises `UnsafeCheckpointError`. An unreadable file, or a shard file
+    that is missing, raises `DamagedCheckpointError`.
+    """
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+
+    path = Path(folder) / ".metadata"
+
+    def unsafe(what: str) -> UnsafeCheckpointError:
+        return UnsafeCheckpointError(
+            f"{path}: refused to load: it contains code or objects a saorl checkpoint must not "
+            f"have ({what}); nothing from it was run. Delete {folder} unless you know where it "
+            "came from"
+        )
+
+    try:
+        with open(path, "rb") as f:
+            md = _MetadataUnpickler(f).load()
+        if not isinstance(md, Metadata):
+            raise TypeError(f"holds a {type(md).__name__}, not DCP metadata")
+        entries, storage = dict(md.state_dict_metadata), dict(md.storage_data or {})
+    except _RefusedGlobal as e:
+        raise unsafe(f"GLOBAL {e}") from None
+    except Exception as e:
+        raise DamagedCheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from e
+    other = sorted(str(k) for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
+    if other:
+        raise unsafe(f"entries that are not tensors: {', '.join(other)[:200]}")
+    files = set()
+    for info in storage.values():
+        name = str(getattr(info, "relative_path", ""))
+        if not _SHARD_FILE.fullmatch(name) or getattr(info, "transform_descriptors", None):
+            raise unsafe(f"storage {name!r} outside the shard files of the directory")
+        files.add(name)
+    missing = sorted(f for f in files if not (Path(folder) / f).is_file())
+    if missing:
+        raise DamagedCheckpointError(f"{folder}: shard files missing: {', '.join(missing)}")
+    return md
+
+
 def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Path, dict[str, Any]]:
     """Load the newest checkpoint that reads back; fall back to older ones if it does not.
 
@@ -206,15 +339,23 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
         if "step" not in state:
             errors.append((path, "not a saorl checkpoint"))
             continue
+        if "sharded" in state:  # an FSDP2 run's: the tensors are in the directory it names
+            shards = path.parent / str(state["sharded"])
+            try:
+                read_sharded_metadata(shards)
+            except DamagedCheckpointError as e:
+                errors.append((path, f"its shards: {str(e).removeprefix(str(shards))}"))
+                continue
+            state["sharded"] = str(shards)
         found = (path, state)
         break
     if quarantine:
         for path, why in errors:
             path.rename(path.with_name(path.name + ".damaged"))
             print(f"saorl: {path.name}: {why}; kept as {path.name}.damaged", file=sys.stderr)
-        # Temporary files of a process killed mid-write are never checkpoints.
-        for tmp in checkpoint_dir(run_dir).glob(".step_*.pt.tmp.*"):
-            tmp.unlink(missing_ok=True)
+        # Temporary files of a process killed mid-write are never checkpoints, nor are the
+        # directories of a step whose .pt was never written.
+        _remove_leftovers(run_dir)
     if found is None:
         lines = "\n  ".join(f"{p.name}: {why}" for p, why in errors)
         raise CheckpointError(f"no loadable checkpoint in {checkpoint_dir(run_dir)}:\n  {lines}")

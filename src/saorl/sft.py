@@ -17,6 +17,7 @@ from torch import nn
 from saorl.config import Config, ConfigError
 from saorl.envs.base import Segments
 from saorl.models.logprobs import sequence_logprobs
+from saorl.models.lora import lora_warmup
 from saorl.models.tokenizer import encode_prompt
 
 if TYPE_CHECKING:
@@ -85,7 +86,17 @@ def sft_step(
 def supervised_warmup(
     policy: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
 ) -> None:
-    """`learner.sft_steps` supervised steps of `policy` on the task's demonstrations."""
+    """`learner.sft_steps` supervised steps of `policy` on the task's demonstrations.
+
+    A LoRA policy trains its base weights here, adapters off (docs/lora.md: the warm-up stands
+    in for pretraining); RL then trains the adapters."""
+    with lora_warmup(policy):
+        _supervised_steps(policy, tokenizer, spec, cfg, progress)
+
+
+def _supervised_steps(
+    policy: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
+) -> None:
     lc = cfg.learner
     if spec.demo is None:
         raise ConfigError(

@@ -3,7 +3,9 @@
 A `Trajectory` is one finished rollout: the prompt tokens followed by everything that came
 after it (model tokens and, for agentic tasks, observation tokens), with one entry per
 completion token for the loss mask, the rollout log-prob and the policy version that sampled it.
-Observation tokens carry log-prob 0 and version -1; they are never trained on.
+Observation tokens carry log-prob 0 and version -1; they are never trained on. For MoE policies
+with `algorithm.routing_replay`, a trajectory also carries the experts the engine routed each
+position to (`saorl.models.routing`).
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ class Trajectory:
 
     `completion_ids`, `loss_mask`, `rollout_logprobs` and `versions` have equal length: one entry
     per token after the prompt. `loss_mask[i]` is 1 where the model wrote token i (an action
-    token) and 0 on observation tokens.
+    token) and 0 on observation tokens. `routing` (recorded MoE routing, else None) is an
+    integer tensor `(prompt + completion tokens, moe_layers, top_k)`: one row per position,
+    prompt included, -1 where the engine recorded nothing.
     """
 
     prompt_ids: list[int]
@@ -38,6 +42,7 @@ class Trajectory:
     prompt_key: str = ""
     group_id: int = -1
     info: dict[str, Any] = field(default_factory=dict)
+    routing: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = len(self.completion_ids)
@@ -46,6 +51,12 @@ class Trajectory:
             raise ValueError(
                 f"Trajectory fields disagree in length: completion_ids={n}, loss_mask, "
                 f"rollout_logprobs, versions = {lens}"
+            )
+        total = len(self.prompt_ids) + n
+        if self.routing is not None and (self.routing.dim() != 3 or len(self.routing) != total):
+            raise ValueError(
+                f"Trajectory.routing must be (positions={total}, moe_layers, top_k), got "
+                f"{tuple(self.routing.shape)}"
             )
 
     @property
@@ -70,7 +81,9 @@ class Batch:
     Position t holds token t. `action_mask[b, t]` is 1 where token t was written by the policy;
     `rollout_logprobs[b, t]` is the sampling log-prob of token t (0 elsewhere); `versions[b, t]`
     the policy version that sampled it (-1 elsewhere). `rewards[b, t]` holds the scalar outcome
-    reward on the last action token of each row (docs/design.md section 1).
+    reward on the last action token of each row (docs/design.md section 1). `routing[b, t]`
+    `(B, T, moe_layers, top_k)` holds the experts the engine routed token t to (-1 where it
+    recorded none), or the batch has none (None).
     """
 
     input_ids: torch.Tensor  # long
@@ -84,6 +97,7 @@ class Batch:
     group_ids: torch.Tensor  # long, (B,)
     stop_reasons: list[str]
     prompt_keys: list[str]
+    routing: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -99,7 +113,9 @@ class Batch:
         """Rows `idx` of this batch (used to form micro-batches)."""
         out: dict[str, Any] = {}
         for k, v in vars(self).items():
-            if isinstance(v, torch.Tensor) or isinstance(idx, slice):
+            if v is None:
+                out[k] = None
+            elif isinstance(v, torch.Tensor) or isinstance(idx, slice):
                 out[k] = v[idx]
             else:
                 out[k] = [v[int(i)] for i in idx]
@@ -144,4 +160,27 @@ class Batch:
             group_ids=torch.tensor([t.group_id for t in trajs], dtype=torch.long),
             stop_reasons=[t.stop_reason for t in trajs],
             prompt_keys=[t.prompt_key for t in trajs],
+            routing=_pad_routing(trajs, T),
         )
+
+
+def _pad_routing(trajs: list[Trajectory], T: int) -> torch.Tensor | None:
+    """The trajectories' recorded routing as `(B, T, moe_layers, top_k)`, -1 where absent."""
+    first = next((t.routing for t in trajs if t.routing is not None), None)
+    if first is None:
+        return None
+    out = torch.full((len(trajs), T, *first.shape[1:]), -1, dtype=first.dtype)
+    for b, t in enumerate(trajs):
+        if t.routing is not None:
+            out[b, : len(t.routing)] = t.routing
+    return out
+
+
+def fit_routing(routing: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """`routing` cut or padded with -1 rows to `length` positions (None stays None)."""
+    if routing is None or len(routing) == length:
+        return routing
+    if len(routing) > length:
+        return routing[:length]
+    pad = routing.new_full((length - len(routing), *routing.shape[1:]), -1)
+    return torch.cat([routing, pad])

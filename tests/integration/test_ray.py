@@ -65,17 +65,32 @@ def test_async_training_with_ray_actors(tmp_path, local_ray):
     for r in steps:  # admission control held across processes
         assert r["async/staleness_max"] <= 1
         assert r["perf/rollout_tokens_per_s"] > 0
-    # The learner actor wrote the checkpoints: the policy moved, frozen attention did not.
-    first, last = (load_state_file(p) for p in
+    # The learner ranks wrote sharded checkpoints: the policy moved, frozen attention did not.
+    first, last = (_read_sharded(p, cfg) for p in
                    sorted((run_dir / "checkpoints").glob("step_*.pt")))  # fmt: skip
     assert (first["step"], last["step"]) == (0, 3)
-    # Gathered from FSDP2 shards: optimizer state keyed by parameter name, not by index.
-    assert all(isinstance(k, str) for k in last["policy_opt"]["state"])
+    # FSDP2 optimizer state is keyed by parameter name, not by index.
+    assert all(isinstance(k, str) for k in last["param_groups"]["policy"][0]["params"])
     assert any(not torch.equal(v, last["policy"][k]) for k, v in first["policy"].items())
     attn = [k for k in first["critic"] if ".self_attn." in k]
     assert attn and all(torch.equal(first["critic"][k], last["critic"][k]) for k in attn)
     assert (run_dir / "final" / "config.json").exists()
     assert ray.is_initialized()  # the session this module started is still there
+
+
+def _read_sharded(path, cfg) -> dict:
+    """A sharded checkpoint with its policy and critic weights read back in this process."""
+    import torch.distributed.checkpoint as dcp
+
+    from saorl.distributed.dcp import SafeReader
+    from saorl.models.critic import Critic
+    from saorl.models.loading import load_policy
+
+    state = load_state_file(path)
+    policy = load_policy(cfg.model)[0]
+    tensors = {"policy": policy.state_dict(), "critic": Critic(policy).state_dict()}
+    dcp.load(tensors, storage_reader=SafeReader(path.parent / state["sharded"]))
+    return {**state, **tensors}
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,8 @@
 
 Rank 0 runs the loop and announces every learner call; rank 1 follows. Checks that the run
 completes with the supervised warm-up (replica -> shards -> critic reset), packing, evaluation,
-checkpoints and export, that the gathered checkpoint holds the exported weights, and that
-`--resume` continues from the sharded checkpoint.
+checkpoints and export, that the sharded checkpoint (torch.distributed.checkpoint) holds the
+exported weights, and that `--resume` continues from it at one rank.
 """
 
 from __future__ import annotations
@@ -24,19 +24,22 @@ ARGS = ["run.eval_every=2", "learner.sft_steps=5", "learner.batch_size=8",
         "run.progress=false"]  # fmt: skip
 
 
-def _torchrun(*args: str) -> None:
+def _torchrun(*args: str, nproc: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", "-m", "saorl", "train", *args, *ARGS]  # fmt: skip
+           str(nproc), "-m", "saorl", "train", *args, *ARGS]  # fmt: skip
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
 
 @pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # the one-process read
 def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
+    import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
 
     from saorl.checkpoint import load_state_file
+    from saorl.distributed.dcp import SafeReader
 
     _torchrun(f"run.output_dir={tmp_path}", "run.name=fsdp", "run.total_steps=3")
     run = tmp_path / "fsdp"
@@ -45,10 +48,16 @@ def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/value" in r] == [1, 2, 3]
     ckpt = load_state_file(run / "checkpoints" / "step_00000003.pt")
+    assert ckpt["sharded"] == "step_00000003.dcp" and "policy" not in ckpt
+    shards = run / "checkpoints" / "step_00000003.dcp"
+    assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     exported = load_file(run / "final" / "model.safetensors")
-    for k, v in exported.items():  # the gathered checkpoint = the replica that was exported
-        assert torch.equal(ckpt["policy"][k], v), k
-    assert set(ckpt["critic"]) >= {"value_head.weight", "value_head.bias"}
-    _torchrun("--resume", str(run), "run.total_steps=4")
+    # The shards, read back in one process, hold the weights the replica exported.
+    tensors = {"policy": {k: torch.empty_like(v) for k, v in exported.items()},
+               "critic": {"value_head.weight": torch.empty(1, 32)}}  # fmt: skip
+    dcp.load(tensors, storage_reader=SafeReader(shards))
+    for k, v in exported.items():
+        assert torch.equal(tensors["policy"][k], v), k
+    _torchrun("--resume", str(run), "run.total_steps=4", nproc=1)  # another number of ranks
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["policy_version"] == 3

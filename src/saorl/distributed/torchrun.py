@@ -7,6 +7,10 @@ call on their shard. Rollouts, evaluation, the supervised warm-up and the export
 unsharded replica of the policy on rank 0, refreshed from the gathered weights whenever the
 policy version has moved. Ray learner actors with `ray.learner_ranks > 1` run the same protocol
 (`saorl.distributed.ray_actors.LearnerActor`).
+
+Checkpoints are sharded: every rank writes its shards with torch.distributed.checkpoint into
+`checkpoints/step_X.dcp/`, then rank 0 writes the `.pt` with the counters and the rollout side
+(`saorl.distributed.dcp`); a resume reads them at any number of ranks.
 """
 
 from __future__ import annotations
@@ -20,16 +24,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from saorl.checkpoint import save_checkpoint, sharded_checkpoint_path
 from saorl.config import Config, ConfigError
+from saorl.distributed.dcp import COUNTERS, counters, load_sharded, save_sharded
 from saorl.distributed.fsdp import FSDPSharding
 from saorl.evaluation import evaluate_policy
 from saorl.learner import Learner
-from saorl.models.loading import save_pretrained
+from saorl.models.loading import replace_dir, save_pretrained
 from saorl.sft import supervised_warmup
 from saorl.types import Batch
-
-# The counters every rank needs from a checkpoint (the weights come from rank 0).
-_COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")
 
 
 def _announce(command: str, payload: Any = None) -> Any:
@@ -102,11 +105,28 @@ class LeaderLearner:
         return self._learner.state_dict()
 
     def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> None:
-        _announce("state_dict")
-        self._learner.save(run_dir, rollout_state)  # gathers onto rank 0, which writes
+        """Every rank writes its shards (nothing is gathered), then rank 0 the `.pt` that
+        commits the step; the shards go to a temporary directory renamed into place first."""
+        learner = self._learner
+        final = sharded_checkpoint_path(run_dir, learner.steps)
+        tmp = final.with_name(f".{final.name}.tmp.{os.getpid()}")
+        _announce("save_sharded", str(tmp))
+        groups = save_sharded(learner, tmp)  # returns once every rank's shards are written
+        replace_dir(tmp, final)
+        state = {**counters(learner), "sharded": final.name, "param_groups": groups,
+                 "torch_rng": torch.get_rng_state(), **rollout_state}  # fmt: skip
+        save_checkpoint(run_dir, learner.steps, state, keep=learner.cfg.run.keep_last_checkpoints)
 
     def restore(self, state: dict[str, Any]) -> None:
-        _announce("load_state", {k: state[k] for k in _COUNTERS if k in state})
+        if "sharded" in state:  # written by ranks of any number; read by as many as there are
+            payload = {k: state[k] for k in (*COUNTERS, "sharded", "param_groups")}
+            _announce("load_sharded", payload)
+            load_sharded(self._learner, payload)
+            torch.set_rng_state(state["torch_rng"])
+            self.policy_state()  # the replica from the restored shards
+            return
+        # A checkpoint with whole state dicts: rank 0 broadcasts them into every rank's shards.
+        _announce("load_state", {k: state[k] for k in COUNTERS if k in state})
         self._learner.restore(state)
         self._replica.load_state_dict(state["policy"])
         self._replica_version = self._learner.version
@@ -131,6 +151,10 @@ def follow(learner: Learner) -> None:
             learner.state_dict()
         elif command == "load_state":
             learner.load_state(payload)
+        elif command == "save_sharded":
+            save_sharded(learner, Path(payload))
+        elif command == "load_sharded":
+            load_sharded(learner, payload)
         elif command == "reset_from_policy":
             learner.sharding.load_state(learner.policy, {})
             learner.reset_critic_from_policy()
@@ -150,6 +174,11 @@ def torchrun_learner(cfg: Config, policy: nn.Module, device: torch.device) -> Le
     """
     if cfg.critic.init_from:
         raise ConfigError("critic.init_from is not supported with learner.fsdp yet; unset one")
+    if cfg.critic.optimizer_offload:
+        raise ConfigError(
+            "critic.optimizer_offload is for the single-process learner; with learner.fsdp the "
+            "critic's optimizer state is sharded over the ranks already: unset one"
+        )
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

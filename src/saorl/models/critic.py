@@ -5,6 +5,10 @@ zero-initialised value head, so at the start every value is 0 and the first valu
 flow only into the head. Frozen attention (paper section 3.2) keeps every parameter of every
 module whose class name ends in `Attention` fixed during RL. `forward(..., packed=True)` runs the
 rows as one packed row without padding (`saorl.models.packing`), with the same `(B, T)` result.
+
+With `critic.lora_rank > 0` the backbone gets LoRA adapters (`saorl.models.lora`): its base
+weights are frozen and the adapters train, the value head trains fully; frozen attention then
+freezes the adapters inside attention modules too (they are parameters of those modules).
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import copy
 import torch
 from torch import nn
 
+from saorl.config import Config
 from saorl.models.logprobs import backbone_hidden
+from saorl.models.lora import add_lora
 from saorl.models.packing import pack_rows
 
 
@@ -25,9 +31,11 @@ class Critic(nn.Module):
     position 0 has no predecessor and gets value 0 (it is never an action position).
     """
 
-    def __init__(self, policy: nn.Module) -> None:
+    def __init__(self, policy: nn.Module, cfg: Config | None = None) -> None:
         super().__init__()
         self.backbone = copy.deepcopy(policy.base_model)
+        if cfg is not None:  # `critic.lora_rank` > 0: LoRA adapters on the backbone
+            add_lora(self.backbone, cfg, "critic")
         hidden = policy.config.hidden_size
         param = next(self.backbone.parameters())
         self.value_head = nn.Linear(hidden, 1, dtype=param.dtype)

@@ -1,18 +1,43 @@
-"""Load a policy and its tokenizer: a local Hugging Face directory or the built-in tiny model."""
+"""Load a policy and its tokenizer: a local directory, a hub id, or the built-in tiny model.
+
+A hub id (`model.name_or_path = "Qwen/Qwen3-1.7B"`) resolves through the Hugging Face cache as
+`transformers` does (`huggingface_hub`: HF_HOME / HF_HUB_CACHE, the `models--Org--Name/snapshots/
+<rev>` layout, `refs/main`). A cached copy is used as it is, without any network request, so a
+run starts the same offline and online; only an id that is not cached is downloaded, and only
+when HF_HUB_OFFLINE is unset (huggingface_hub's timeouts bound each request). Otherwise the
+error says how to download it (exit code 2).
+
+The memory settings of `[model]` are applied here, so policy, critic (a copy of the policy's
+backbone) and the supervised warm-up share them: `gradient_checkpointing` and
+`attn_implementation`. `compute_precision` is the single-process learner's bf16 autocast.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import os
+import re
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from saorl.config import ConfigError, ModelConfig
+from saorl.models.lora import has_lora, merged_copy
 from saorl.models.tokenizer import build_char_tokenizer
 
 BUILTIN_PREFIX = "builtin:"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# 'Org/Name' or a legacy top-level 'name' (gpt2): what the hub accepts as a model id.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+# What a download fetches: config, safetensors weights, tokenizer and chat template files
+# (no pickled .bin weights, no remote code).
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
 
 
 def resolve_device(device: str) -> torch.device:
@@ -24,15 +49,20 @@ def resolve_device(device: str) -> torch.device:
 
 
 def build_tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> torch.nn.Module:
-    """A random-init dense Qwen3-style causal LM sized by `cfg` (no weights are downloaded)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    """A random-init Qwen3-style causal LM sized by `cfg` (no weights are downloaded): dense, or
+    with `model.arch = "qwen3_moe"` a Qwen3-MoE whose experts are `intermediate_size` wide."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     if cfg.hidden_size % cfg.num_heads:
         raise ValueError(
             f"model.hidden_size={cfg.hidden_size} must be divisible by "
             f"model.num_heads={cfg.num_heads}"
         )
-    config = Qwen3Config(
+    moe = cfg.arch == "qwen3_moe"
+    extra = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
+                 moe_intermediate_size=cfg.intermediate_size, norm_topk_prob=True)  # fmt: skip
+    config = (Qwen3MoeConfig if moe else Qwen3Config)(
+        **(extra if moe else {}),
         vocab_size=len(tokenizer),
         hidden_size=cfg.hidden_size,
         intermediate_size=cfg.intermediate_size,
@@ -46,7 +76,7 @@ def build_tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> to
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,
     )
-    return Qwen3ForCausalLM(config)
+    return (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
 
 
 def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
@@ -55,24 +85,23 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
     Built-in models are random-init: the seed in force when this is called fixes the weights.
     """
     dtype = DTYPES[cfg.dtype]
+    attn = _check_attn_implementation(cfg)
     if cfg.name_or_path.startswith(BUILTIN_PREFIX):
         kind = cfg.name_or_path[len(BUILTIN_PREFIX) :]
         if kind != "tiny":
             raise ConfigError(f"model.name_or_path: unknown built-in {kind!r}; allowed: 'tiny'")
         tokenizer = build_char_tokenizer(with_newlines=cfg.builtin_newlines)
         model = build_tiny_model(cfg, tokenizer)
+        model.set_attn_implementation(attn)
     else:
-        path = Path(cfg.name_or_path).expanduser()
-        if not path.is_dir():
-            raise ConfigError(
-                f"model.name_or_path={cfg.name_or_path!r} is not a local directory; give a "
-                "Hugging Face model directory (config.json, weights, tokenizer) or 'builtin:tiny'"
-            )
+        path = model_dir(cfg.name_or_path)
         if not (path / "config.json").exists():
             raise ConfigError(f"model.name_or_path: {path} has no config.json")
         tokenizer = _load_tokenizer(path)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path), dtype=dtype, attn_implementation=attn
+            )
         except Exception as e:  # any library's failure, reported with the directory it concerns
             raise ConfigError(
                 f"model.name_or_path: could not load the weights in {path} (missing or damaged "
@@ -85,7 +114,117 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
             "the model's "
             f"vocab_size is {model.config.vocab_size}: model and tokenizer do not match"
         )
+    if cfg.gradient_checkpointing:
+        # Non-reentrant: works with frozen parameters (the critic's attention) and FSDP2.
+        model.activation_checkpointing_enable({"use_reentrant": False})
     return model, tokenizer
+
+
+def model_dir(name_or_path: str) -> Path:
+    """The local directory of `model.name_or_path`: itself, or a hub id's cached snapshot."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path
+    if not _HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "~")):
+        raise ConfigError(
+            f"model.name_or_path={name_or_path!r} is not a local directory; give a Hugging Face "
+            "model directory (config.json, weights, tokenizer), a hub id such as "
+            "'Qwen/Qwen3-1.7B', or 'builtin:tiny'"
+        )
+    return hub_snapshot(name_or_path)
+
+
+def hub_snapshot(repo_id: str) -> Path:
+    """The cached snapshot of hub model `repo_id` (revision `main`), downloaded if need be.
+
+    The cache is tried first and without network. A snapshot counts as cached when it has a
+    config.json and safetensors weights (an interrupted download does not). Not cached: with
+    HF_HUB_OFFLINE set, a `ConfigError` that says how to download it; otherwise a download of
+    config, safetensors weights and tokenizer files, any failure again a `ConfigError`.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    with contextlib.suppress(Exception):  # not cached (or no refs/main): handled below
+        cached = Path(snapshot_download(repo_id, local_files_only=True))
+        if (cached / "config.json").is_file() and any(cached.glob("*.safetensors")):
+            return cached
+    hint = (
+        f"download it first (where there is network, into the same cache): hf download "
+        f"{repo_id}  (older huggingface_hub: huggingface-cli download {repo_id}); the cache is "
+        f"HF_HUB_CACHE={constants.HF_HUB_CACHE} (set HF_HOME or HF_HUB_CACHE to use another), "
+        "or give a local model directory"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise ConfigError(
+            f"model.name_or_path={repo_id!r}: not in the Hugging Face cache and HF_HUB_OFFLINE "
+            f"is set; {hint}"
+        )
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=_HUB_FILES))
+    except GatedRepoError as e:
+        raise ConfigError(
+            f"model.name_or_path={repo_id!r}: a gated model: accept its terms on "
+            f"huggingface.co and log in (hf auth login), then {hint} ({e})"
+        ) from None
+    except RepositoryNotFoundError:
+        raise ConfigError(
+            f"model.name_or_path={repo_id!r}: no such model on the Hugging Face hub (or a "
+            "private one: hf auth login), and no local directory of that name"
+        ) from None
+    except Exception as e:  # network, disk, ...: the download did not happen
+        raise ConfigError(
+            f"model.name_or_path={repo_id!r}: not in the Hugging Face cache and the download "
+            f"failed ({type(e).__name__}: {' '.join(str(e).split())[:200]}); {hint}"
+        ) from None
+
+
+def _check_attn_implementation(cfg: ModelConfig) -> str:
+    """`model.attn_implementation`, refused with the reason when this machine cannot run it."""
+    attn = cfg.attn_implementation
+    if attn == "flash_attention_2":
+        from transformers.utils import is_flash_attn_2_available
+
+        if cfg.dtype == "float32":
+            raise ConfigError(
+                "model.attn_implementation='flash_attention_2' runs in bfloat16/float16 only: "
+                "set model.dtype='bfloat16' (or use 'sdpa')"
+            )
+        if not is_flash_attn_2_available():
+            raise ConfigError(
+                "model.attn_implementation='flash_attention_2' needs CUDA and the flash-attn "
+                "package (pip install flash-attn --no-build-isolation), which this machine "
+                "lacks; use 'sdpa'"
+            )
+    return attn
+
+
+def compute_precision(
+    mixed_precision: str, device: torch.device, sharded: bool = False
+) -> Callable[[], Any]:
+    """The learner's compute precision around its forward passes, a context-manager factory.
+
+    `learner.mixed_precision = "bf16"` in one process: forward passes (and so their backward)
+    run under `torch.autocast(bfloat16)`: matmuls in bfloat16, while weights, gradients and
+    optimizer state stay in `model.dtype`. On CPU autocast runs too (slowly; the tests use it).
+    A `sharded` (FSDP2) learner gets a no-op here: its `MixedPrecisionPolicy` applies the
+    setting (`saorl.distributed.fsdp`).
+    """
+    if mixed_precision == "none" or sharded:
+        return contextlib.nullcontext
+    if mixed_precision != "bf16":
+        raise ConfigError(f"learner.mixed_precision: unknown {mixed_precision!r}; use none|bf16")
+    return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
+
+
+def critic_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> Any:
+    """AdamW over the critic's trainable parameters, in CPU memory with
+    `critic.optimizer_offload` (`saorl.models.offload`); `cfg` is the `[critic]` section."""
+    if cfg.optimizer_offload:
+        from saorl.models.offload import OffloadedAdamW
+
+        return OffloadedAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
@@ -113,7 +252,34 @@ def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
 
 
 def save_pretrained(model: Any, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """Save model and tokenizer in Hugging Face format (loadable with `model.name_or_path`)."""
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
+    """Save model and tokenizer in Hugging Face format (loadable with `model.name_or_path`).
+
+    Safetensors weights, config.json, generation config, the tokenizer and its chat template.
+    Written into a temporary sibling directory and renamed into place, so `path` only ever holds
+    a whole model (the previous one until the new one is complete).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # one bar per checkpoint would scroll past the progress
+    try:
+        # LoRA: the merged weights, a plain model for transformers and vLLM (docs/lora.md)
+        (merged_copy(model) if has_lora(model) else model).save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    replace_dir(tmp, path)
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move directory `src` to `dst`, replacing what is there (a directory cannot be renamed
+    over a non-empty one: the old one steps aside first and is deleted after)."""
+    old = dst.with_name(f".{dst.name}.old.{os.getpid()}")
+    if dst.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(dst, old)
+    os.replace(src, dst)
+    shutil.rmtree(old, ignore_errors=True)

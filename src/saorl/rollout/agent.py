@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saorl.envs.base import Env, Message
-from saorl.types import Trajectory
+from saorl.types import Trajectory, fit_routing
 
 UNTRAINABLE = ("aborted", "env_error")
 
@@ -101,12 +101,19 @@ class Episode:
     info: dict[str, Any] = field(default_factory=dict)
     group_id: int = -1
     tools: list[dict] | None = None  # the env's `tools` attribute: schemas for the template
+    # Recorded MoE routing of every position fed so far: each turn's prefill re-routes the
+    # whole history, so the newest turn's record replaces the older ones.
+    routing: Any = None
 
     @property
     def ids(self) -> list[int]:
         return self.prompt_ids + self.completion_ids
 
-    def add_turn(self, ids: list[int], logprobs: list[float], versions: list[int]) -> None:
+    def add_turn(
+        self, ids: list[int], logprobs: list[float], versions: list[int], routing: Any = None
+    ) -> None:
+        if routing is not None:
+            self.routing = routing
         self.completion_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs
@@ -135,4 +142,5 @@ class Episode:
             prompt_key=key,
             group_id=self.group_id,
             info={**self.info, "turns": self.turns, "tool_calls": self.tool_calls},
+            routing=fit_routing(self.routing, len(self.prompt_ids) + n),
         )

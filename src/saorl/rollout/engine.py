@@ -38,6 +38,9 @@ class Completion:
     logprobs: list[float]
     versions: list[int]
     finish_reason: FinishReason
+    # MoE routing the engine recorded (`saorl.models.routing`): (prompt + tokens fed, moe
+    # layers, top_k) on the CPU, or None when the engine does not record it.
+    routing: torch.Tensor | None = None
 
 
 class Engine(Protocol):

@@ -37,6 +37,7 @@ def build_engine(
             seed=seed,
             version=version,
             kv_cache=rc.kv_cache,
+            record_routing=cfg.algorithm.routing_replay,
         )
     elif rc.engine == "vllm":
         from saorl.rollout.vllm_engine import VLLMEngine

@@ -33,6 +33,13 @@ Host-device traffic in the hot loop: ids go up once per forward (non-blocking); 
 step brings the sampled ids and log-probs back together (stop checks need them on the host).
 Greedy and EOS flags are decided on the host and cache lengths are mirrored on the device, so
 this module adds no other synchronisation (transformers' own mask code may add some).
+
+With `record_routing` (MoE policies, `algorithm.routing_replay`) every forward also keeps the
+experts each router chose per token (`saorl.models.routing.RoutingRecorder`): a prefill records
+every position of its rows (replacing what earlier forwards recorded, as it re-routes them), a
+decoding step the one position it feeds. The record stays on the device until the sequence
+finishes and comes back with its completion. A policy with LoRA adapters is copied with the
+adapters merged (`saorl.models.lora.merged_copy`), so pushes of merged weights fit it.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from saorl.models.lora import has_lora, merged_copy
+from saorl.models.routing import RoutingRecorder
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 from saorl.rollout.kv_slots import SlotCache
 
@@ -60,9 +69,15 @@ class _Running:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     slot: int = -1  # row of the KV cache holding this sequence; -1 = none (prefill next step)
+    routing: list[torch.Tensor] = field(default_factory=list)  # recorded, one chunk per forward
 
     def ids(self) -> list[int]:
         return self.request.prompt_ids + self.tokens
+
+    def completion(self, reason: str) -> Completion:
+        routing = torch.cat(self.routing).cpu() if self.routing else None
+        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason,  # type: ignore[arg-type]
+                          routing=routing)  # fmt: skip
 
 
 class HFEngine:
@@ -85,8 +100,12 @@ class HFEngine:
         version: int = 0,
         copy_model: bool = True,
         kv_cache: bool = True,
+        record_routing: bool = False,
     ) -> None:
-        self.model = copy.deepcopy(model) if copy_model else model
+        if copy_model:
+            self.model = merged_copy(model) if has_lora(model) else copy.deepcopy(model)
+        else:
+            self.model = model
         if copy_model:
             self.model.eval()
             for p in self.model.parameters():
@@ -117,6 +136,7 @@ class HFEngine:
         params = inspect.signature(self.model.base_model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.tokens_generated = 0
+        self._routing = RoutingRecorder(self.model) if record_routing else None
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
@@ -137,17 +157,16 @@ class HFEngine:
     def abort_all(self) -> list[Completion]:
         """Stop every queued and running request; running ones return as `aborted`."""
         with self._lock:
-            out = [
-                Completion(r.request, r.tokens, r.logprobs, r.versions, "aborted")
-                for r in self._running
-            ]
+            out = [r.completion("aborted") for r in self._running]
             self._running.clear()
             self._queue.clear()
             self._drop_cache()
         return out
 
     def close(self) -> None:
-        """Nothing to release: the model and its cache go with the engine."""
+        """Nothing to release but the routing hooks: the model and its cache go with it."""
+        if self._routing is not None:
+            self._routing.close()
 
     def rng_state(self) -> torch.Tensor:
         return self.generator.get_state()
@@ -213,6 +232,10 @@ class HFEngine:
         hidden = self.model.base_model(
             input_ids=ids, attention_mask=attn, use_cache=False
         ).last_hidden_state
+        if self._routing is not None:
+            routing = self._routing.take(B, T)
+            for i, (r, s) in enumerate(zip(self._running, seqs, strict=True)):
+                r.routing = [routing[i, : len(s)]]
         return self._head(hidden[torch.arange(B, device=self.device), last])
 
     def _logits_cached(self) -> torch.Tensor:
@@ -237,6 +260,10 @@ class HFEngine:
         cache, mask, pos = kv.decode_inputs(self._additive_mask)
         hidden = self._forward(ids, mask, pos, cache)
         kv.advance()
+        if self._routing is not None:
+            routing = self._routing.take(len(self._slot_rows), 1)
+            for r, chunk in zip(self._slot_rows, routing, strict=True):
+                r.routing.append(chunk)
         return self._head(hidden[:, -1])
 
     def _prefill(self, rows: list[_Running]) -> torch.Tensor:
@@ -251,6 +278,10 @@ class HFEngine:
         ids, mask, pos = (self._up(x) for x in (ids, mask, pos))
         cache = DynamicCache()
         hidden = self._forward(ids, mask, pos, cache)
+        if self._routing is not None:
+            routing = self._routing.take(N, T)
+            for i, (r, s) in enumerate(zip(rows, seqs, strict=True)):
+                r.routing = [routing[i, T - len(s) :]]  # left padding
         for r in rows:
             r.slot = len(self._slot_rows)
             self._slot_rows.append(r)
@@ -328,7 +359,7 @@ class HFEngine:
             else:
                 if r.slot >= 0:
                     done_slots.append(r.slot)
-                finished.append(Completion(r.request, r.tokens, r.logprobs, r.versions, reason))
+                finished.append(r.completion(reason))
         self._running = still
         if done_slots:
             self._retire_slots(done_slots)

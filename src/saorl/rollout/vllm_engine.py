@@ -48,6 +48,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from saorl.models.lora import merged_state
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 
 INSTALL_HINT = (
@@ -230,7 +231,7 @@ class VLLMEngine:
             max_seq_len=max_seq_len, max_concurrent=max_concurrent, seed=seed,
             version=version, recompute_kv=recompute_kv, workdir=workdir,
         )  # fmt: skip
-        engine.update_weights(policy.state_dict(), version)
+        engine.update_weights(merged_state(policy.state_dict(), policy), version)  # LoRA: merged
         return engine
 
     def _same_threads_here(self) -> None:

@@ -11,11 +11,12 @@ thread so decoding goes on meanwhile; cheap ones (`env.offload = False`, e.g. gr
 run inline, which keeps single-turn runs deterministic.
 
 Admission control (docs/design.md section 2): the i-th rollout (counting from 0) may start only
-while `i < (consumed + max(max_staleness, 1)) * batch_size`, where `consumed` is the number of
-batches the learner has taken. If the learner trained on trajectories in start order, rollout i
-would be trained in batch `i // batch_size`, at most `max_staleness - 1` batches after it
-started: one batch of slack, because completion order differs from start order (a long rollout
-finishes after shorter ones that started later). Weight pushes may lag too, so the learner still
+while `i < (consumed + max(lookahead, 1)) * batch_size`, where `consumed` is the number of
+batches the learner has taken and `lookahead` is `saorl.loop.admission_lookahead`:
+`learner.max_staleness // algorithm.minibatches` batches, staleness being counted in policy
+versions and one batch making `minibatches` of them. (`PromptFeed`'s `max_staleness` argument
+is that lookahead in batches.) Completion order differs from start order (a long rollout
+finishes after shorter ones that started later) and weight pushes may lag, so the learner still
 checks staleness and drops what exceeds it.
 """
 
@@ -277,7 +278,7 @@ class RolloutWorker:
 
     def _on_turn(self, c: Completion) -> None:
         ep: Episode = c.request.payload
-        ep.add_turn(list(c.token_ids), list(c.logprobs), list(c.versions))
+        ep.add_turn(list(c.token_ids), list(c.logprobs), list(c.versions), c.routing)
         if c.finish_reason == "aborted":
             return self._emit(ep, "aborted")
         if c.finish_reason == "length":

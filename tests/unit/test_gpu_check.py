@@ -1,0 +1,85 @@
+"""`scripts/gpu_check.py`: its FLOP count, its refusal without a GPU, and its whole logic in
+`--cpu-smoke` mode (tiny model, HF engine, gloo): every part runs and reports its figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "gpu_check.py"
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_step_flops_by_hand():
+    # hidden d=4, MLP 8, 1 layer, 2 query heads and 1 key-value head of 2, vocabulary 10;
+    # one row of 3 tokens, K=2 critic updates. Forward FLOPs per token:
+    #   projections 2*d*(2*2*2 + 2*1*2) = 96 (q, o: 4x4 each; k, v: 4x2 each), MLP 2*3*4*8 = 192,
+    #   causal attention 4 * 2 * 2 * (3 + 1) / 2 = 32, output layer 2*4*10 = 80.
+    # Critic values: 96 + 192 + 32 = 320. A critic update, attention weights frozen (backward
+    # once, not twice): 2*96 + 3*192 + 3*32 = 864. The policy update: 3 * (320 + 80) = 1200.
+    # Step: 3 tokens * (320 + 2*864 + 1200) = 9744.
+    cfg = SimpleNamespace(hidden_size=4, intermediate_size=8, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=2,
+                          vocab_size=10)  # fmt: skip
+    assert _module().step_flops(cfg, rows=1, seq=3, k=2) == 9744
+
+
+def test_the_flop_count_covers_every_weight_of_qwen3_06b():
+    # The matmul weights step_flops counts (forward: 2 FLOPs per weight and token) are the
+    # real model's parameters but the norms': checked against the model on the meta device.
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    gc = _module()
+    shape = gc.QWEN3_06B
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**shape))
+    norms = sum(p.numel() for n, p in model.named_parameters() if "norm" in n)
+    params = sum(p.numel() for p in model.parameters())
+    assert params == 596_049_920  # Qwen3-0.6B
+    attn, mlp, out = gc.weight_counts(SimpleNamespace(**shape))
+    assert shape["num_hidden_layers"] * (attn + mlp) + out == params - norms
+
+
+def test_without_cuda_it_stops_with_exit_2_and_says_why(monkeypatch, capsys):
+    import torch
+
+    gc = _module()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py"])
+    assert gc.main() == 2
+    err = capsys.readouterr().err
+    assert "CUDA" in err and "--cpu-smoke" in err and "nothing was run" in err
+    assert gc.gpu_peak(torch.device("cpu")) is None
+
+
+@pytest.mark.slow
+def test_cpu_smoke_runs_every_part(tmp_path: Path):
+    out = tmp_path / "gpu.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["mode"] == "cpu-smoke"
+    gen, learner, training = (report["parts"][k] for k in ("generation", "learner", "training"))
+    assert gen["tokens"] == 4 * 8 and gen["tokens_per_s"] > 0
+    # The pushed weights are the ones sampling: the learner's log-probs under them match the
+    # engine's (same fp32 model on CPU), those of the original weights do not.
+    assert gen["push_in_use"] and gen["pushed_vs_learner_max_abs_logprob_diff"] < 1e-4
+    assert learner["version"] == 2 and learner["model_tflops_per_step"] > 0
+    assert learner["mfu"] is None  # no GPU peak on CPU
+    assert training["steps"] == 2 and training["policy_version"] == 1
+    assert training["checkpoint_hf"]
