@@ -3,9 +3,10 @@
     saorl train [--config FILE.toml] [--print-config] [--help-config] [--resume RUN_DIR]
                 [section.field=value ...]
     saorl eval MODEL [--config FILE.toml] [--print-config] [--k K] [--limit N] [--out FILE]
-               [--base-url URL] [--api-key KEY] [section.field=value ...]
+               [--base-url URL] [--api-key KEY] [--prompt-template T] [section.field=value ...]
     saorl report RUN_DIR [RUN_DIR ...] [--out PATH]
     saorl compare [--config FILE.toml] [--arms a,b,c] [--out DIR] [--push-every K] [--steps N]
+                  [--seeds N] [--jobs J] [section.field=value ...]
                   [section.field=value ...]
 
 Nothing heavy is imported at module level: `saorl --help`, `saorl train --help`,
@@ -27,6 +28,7 @@ from typing import Any
 
 from saorl import __version__
 from saorl.config import Config, ConfigError, config_to_toml, describe_config, load_config
+from saorl.envs.swe import commands as swe_commands
 
 _TRAIN_EPILOG = """\
 overrides are section.field=value, applied after --config, later ones winning; a value is
@@ -103,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_compare_parser(commands)
     _add_eval_parser(commands)
+    swe_commands.add_parsers(commands)  # swe-mine, swe-validate
     vp = commands.add_parser(
         "value-pretrain",
         help="fit the critic on rollouts of the initial policy; save it for critic.init_from",
@@ -125,6 +128,7 @@ examples:
   saorl compare --arms sao,sao_k1,sao_no_freeze --out runs/ablate
   saorl compare --arms sao,grpo --push-every 4        # weights reach engines every 4 steps
   saorl compare --arms sao,lr_hi:learner.lr=3e-4 run.seed=1
+  saorl compare --seeds 3 --jobs 2                    # 3 seeds per arm, 2 runs at a time
 """
 
 
@@ -165,6 +169,16 @@ def _add_compare_parser(commands: Any) -> None:
     )
     cmp.add_argument("--steps", type=int, metavar="N", help="run.total_steps of every arm")
     cmp.add_argument(
+        "--seeds", type=int, default=1, metavar="N",
+        help="runs per arm, seeds run.seed .. run.seed+N-1, into OUT/ARM/seedS; the report "
+        "gives mean, spread and collapse fraction per arm (default 1: OUT/ARM)",
+    )  # fmt: skip
+    cmp.add_argument(
+        "--jobs", type=int, default=1, metavar="J",
+        help="runs at a time, each in its own process (default 1; more only with 2 cores per "
+        "run to spare, or runs slow each other down and measure less asynchrony)",
+    )  # fmt: skip
+    cmp.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="overrides for every arm"
     )
 
@@ -176,22 +190,24 @@ directory, its final/ or one of its checkpoints), else the defaults (the built-i
 task); overrides apply on top.
 
 examples:
-  saorl eval runs/exp1 --k 4                # the run's task and held-out set: pass@1, pass@4
+  saorl eval runs/exp1 --k 4                # the run's task and held-out set: avg@4, pass@4, maj@4
   saorl eval runs/exp1/checkpoints/step_00000200.pt env.eval_size=64
+  saorl eval runs/exp1/checkpoints/step_00000200.hf   # a checkpoint's Hugging Face copy
   saorl eval /models/Qwen3-4B --config examples/eval_math.toml --k 8     # all of aime25
   saorl eval /models/Qwen3-4B --config examples/eval_math.toml env.eval_dataset=data/test.jsonl
-  saorl eval Qwen3-4B --base-url http://localhost:8000/v1 --config examples/eval_math.toml
+  saorl eval Qwen3-4B --base-url http://localhost:8000/v1 --config examples/eval_math.toml \\
+      --prompt-template boxed env.use_tool=false     # the prompt published results use
 """
 
 
 def _add_eval_parser(commands: Any) -> None:
     ev = commands.add_parser(
         "eval",
-        help="evaluate a model or run on held-out problems: pass@1 (avg over k samples), pass@k",
+        help="evaluate a model or run on held-out problems: avg@k (pass@1), pass@k, maj@k",
         description=textwrap.fill(
             "Evaluate MODEL (a run directory, one of its checkpoints, a Hugging Face model "
             "directory, 'builtin:tiny', or with --base-url a served model's name) on the "
-            "held-out problems of the config's env: pass@1 (avg over k samples) and pass@k. "
+            "held-out problems of the config's env: avg@k (pass@1), pass@k and maj@k. "
             "Writes one JSON line per problem to --out and a summary to OUT.summary.json.",
             width=88,
         ),
@@ -213,6 +229,8 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (default evals/NAME.jsonl)")
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
+    ev.add_argument("--prompt-template", default="saorl", metavar="NAME|TEXT", help="saorl (the "
+                    "env's own), boxed, qwen_math, or a text with {problem}")  # fmt: skip
     ev.add_argument("overrides", nargs="*", metavar="section.field=value", help="config overrides")
 
 
@@ -224,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    if args.command in swe_commands.COMMANDS:
+        return swe_commands.run(args, extra)
     if args.command == "report":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -368,11 +388,10 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    import csv
+    from saorl.compare import failed_runs, run_compare, split_arms
 
-    from saorl.compare import run_compare, split_arms
-
-    for flag, value in (("--push-every", args.push_every), ("--steps", args.steps)):
+    for flag, value in (("--push-every", args.push_every), ("--steps", args.steps),
+                        ("--seeds", args.seeds), ("--jobs", args.jobs)):  # fmt: skip
         if value is not None and value < 1:
             print(f"saorl compare: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
@@ -393,6 +412,8 @@ def _compare(args: argparse.Namespace) -> int:
             Path(args.out),
             push_every=args.push_every,
             steps=args.steps,
+            seeds=args.seeds,
+            jobs=args.jobs,
         )
     except ConfigError as exc:
         print(f"saorl compare: error: {exc}", file=sys.stderr)
@@ -401,10 +422,9 @@ def _compare(args: argparse.Namespace) -> int:
         print("saorl compare: interrupted (rerun the same command to continue)", file=sys.stderr)
         return 130
     print(index)
-    with (index.parent / "summary.csv").open(newline="", encoding="utf-8") as f:
-        failed = [row["arm"] for row in csv.DictReader(f) if row["status"] == "failed"]
+    failed = failed_runs(index.parent)
     if failed:
-        print(f"saorl compare: failed arms: {', '.join(failed)} (see {index})", file=sys.stderr)
+        print(f"saorl compare: failed runs: {', '.join(failed)} (see {index})", file=sys.stderr)
         return 1
     return 0
 
@@ -426,7 +446,8 @@ def _eval(args: argparse.Namespace) -> int:
 
         summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
                                  base_url=args.base_url, api_key=args.api_key,
-                                 progress=sys.stderr.isatty())  # fmt: skip
+                                 progress=sys.stderr.isatty(),
+                                 prompt_template=args.prompt_template)  # fmt: skip
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
@@ -435,9 +456,10 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def _run_config(model: Path) -> str | None:
-    """The config.toml of the run MODEL belongs to: RUN, RUN/final or RUN/checkpoints/X.pt."""
+    """The config.toml of the run MODEL belongs to: RUN, RUN/final, RUN/checkpoints/X.pt or
+    RUN/checkpoints/X.hf."""
     run = model
-    if model.suffix == ".pt" and model.is_file():
+    if (model.suffix == ".pt" and model.is_file()) or (model.suffix == ".hf" and model.is_dir()):
         run = model.parent.parent
     elif model.name == "final" and not (model / "config.toml").is_file():
         run = model.parent

@@ -49,13 +49,16 @@ from saorl.losses import (
     k3,
     logprob_mismatch,
     masked_aggregate,
+    positive_lm_loss,
     ppo_clip_policy_loss,
     value_loss,
 )
 from saorl.models.critic import Critic, freeze_attention
-from saorl.models.loading import save_pretrained
+from saorl.models.loading import compute_precision, critic_optimizer, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
+from saorl.models.lora import add_lora, merged_state, onto_lora, save_adapter
 from saorl.models.packing import plan_token_micro_batches
+from saorl.models.routing import RoutingReplay, replay_routing
 from saorl.samples import row_advantages, samples_due
 from saorl.sft import supervised_warmup
 from saorl.sharding import MicroBatch, Sharding, StepMetrics
@@ -91,10 +94,13 @@ class Learner:
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()
+        self._amp = compute_precision(cfg.learner.mixed_precision, device, sharded=bool(sharding))
         self.policy = policy.to(device)
         # The critic copies the policy's backbone, so it is built before the policy is sharded.
-        self.critic = Critic(self.policy).to(device)
+        self.critic = Critic(self.policy, cfg).to(device)  # with critic.lora_rank's adapters
         self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
+        add_lora(self.policy, cfg, "model")  # after the critic copied the plain backbone
+        self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
         self.sharding.shard(self.critic)
         # Log-probs run through this module's forward: FSDP2's root hooks gather the head there.
         self.policy_fwd = PolicyLogprobs(self.policy)
@@ -113,13 +119,13 @@ class Learner:
         self.steps = 0  # learner steps (critic warm-up steps included)
         self.skipped_steps = 0  # optimizer steps whose gradient was not finite
         self.nonfinite_streak = 0  # learner steps in a row with a skipped optimizer step
-        self.baseline = RunningMeanBaseline(window=cfg.algorithm.baseline_window)
+        algo = cfg.algorithm
+        self.baseline = RunningMeanBaseline(window=algo.baseline_window, scope=algo.baseline_scope,
+                                            global_window=algo.baseline_global_window)  # fmt: skip
 
     def _new_critic_optimizer(self) -> None:
         self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
-        self.critic_opt = torch.optim.AdamW(
-            self.critic_params, lr=self.cfg.critic.lr, weight_decay=self.cfg.critic.weight_decay
-        )
+        self.critic_opt = critic_optimizer(self.critic_params, self.cfg.critic)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
@@ -132,8 +138,8 @@ class Learner:
         skipped_before = self.skipped_steps
         warmup = False
         if algo.advantage == "gae":
-            # 1. Values before any critic update. Observation tokens enter GAE only when
-            # skipping them is switched off (an ablation); losses cover action tokens only.
+            # 1. Values before any critic update. Observation tokens enter GAE (and the value
+            # loss) only when skipping them is switched off (an ablation).
             gae_mask = mask if algo.skip_observations else b.completion_mask
             self.critic.eval()
             with torch.no_grad():
@@ -181,14 +187,15 @@ class Learner:
         if warmup:
             # No policy update yet: the policy keys are logged as null so every row of
             # metrics.jsonl has the same columns.
-            metrics.update({"loss/policy": None, "dis/masked_frac": None})
-            metrics.update({"mismatch/k3": None, "mismatch/max_abs_logprob_diff": None})
+            metrics.update(dict.fromkeys(("loss/policy", "dis/masked_frac", "mismatch/k3",
+                                          "mismatch/max_abs_logprob_diff")))  # fmt: skip
         else:
             self._finish_mismatch(metrics)
         self.steps += 1
         self._check_nonfinite(skipped_before)
         metrics["learner/version"] = self.version
         metrics["learner/skipped_steps"] = self.skipped_steps
+        metrics.update(self.replay.take_metrics() if self.replay else {})
         return metrics
 
     def _plan(self, lengths: list[int]) -> list[list[int]]:
@@ -204,15 +211,16 @@ class Learner:
 
     def _values(self, mb: Batch) -> torch.Tensor:
         packed = self.cfg.learner.micro_batch_tokens > 0
-        return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
+        with self._amp():  # learner.mixed_precision
+            return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
 
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
-        cfg = self.cfg
-        return self.policy_fwd(
-            mb.input_ids, mb.attention_mask, temperature=cfg.rollout.temperature,
-            chunk_size=cfg.model.logprob_chunk_size, return_entropy=return_entropy,
-            packed=cfg.learner.micro_batch_tokens > 0,
-        )  # fmt: skip
+        with self._amp(), replay_routing(self.replay, mb):  # mixed precision, MoE routing replay
+            return self.policy_fwd(
+                mb.input_ids, mb.attention_mask, temperature=self.cfg.rollout.temperature,
+                chunk_size=self.cfg.model.logprob_chunk_size, return_entropy=return_entropy,
+                packed=self.cfg.learner.micro_batch_tokens > 0,
+            )  # fmt: skip
 
     def _optimizer_step(
         self, params: list[nn.Parameter], opt: torch.optim.Optimizer, clip: float
@@ -234,16 +242,18 @@ class Learner:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One critic optimizer step on the value loss; `(this rank's loss, grad norm)`."""
         cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
+        # Every position GAE reads a value at is trained (observations too, when not skipped).
+        targets = "action_mask" if self.cfg.algorithm.skip_observations else "completion_mask"
         self.critic.train()
         total = torch.zeros((), device=self.device)
         for mb in micro:
             x = b.select(mb.rows)
             loss, _ = value_loss(
-                self._values(x), returns[mb.rows], x.action_mask,
+                self._values(x), returns[mb.rows], getattr(x, targets),
                 old_values=old_values[mb.rows] if cc.value_clip else None,
                 clip=cc.value_clip, agg=agg, tensors=True,
             )  # fmt: skip
-            w = _share(x.action_mask, b.action_mask, agg) * mb.weight
+            w = _share(getattr(x, targets), getattr(b, targets), agg) * mb.weight
             (loss * w).backward()
             total = total + loss.detach() * w
         norm, _ = self._optimizer_step(self.critic_params, self.critic_opt, cc.grad_clip)
@@ -265,15 +275,21 @@ class Learner:
                 reference = self.sharding.map_rows(b, micro, self._logprobs)
         else:
             reference = b.rollout_logprobs
+        # Rows whose outcome counts as correct, for VAPO's positive-example LM loss.
+        positive = (b.scores >= algo.lm_loss_min_reward).to(b.action_mask.dtype)
+        if algo.lm_loss_coef:
+            m.set("lm/positive_frac", positive.mean())
         self.policy.train()
-        n_mb = algo.minibatches
+        n_mb = min(algo.minibatches, b.size)  # a short batch gets no empty mini-batch
         bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
         last: dict[str, float] = {}
         for lo, hi in itertools.pairwise(bounds):
             part = b.select(slice(lo, hi))
+            part_pos = part.action_mask * positive[lo:hi, None]
             for mb in self._micro_batches(part):
-                adv, ref = advantages[lo:hi][mb.rows], reference[lo:hi][mb.rows]
-                self._policy_micro_step(part, mb, adv, ref, 1.0 / n_mb, m)
+                adv, ref, pos = (x[lo:hi][mb.rows] for x in (advantages, reference, positive))
+                with replay_routing(self.replay, part.select(mb.rows)):  # and layers' recompute
+                    self._policy_micro_step(part, mb, adv, ref, (pos, part_pos), 1.0 / n_mb, m)
             last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
             norm, ok = self._optimizer_step(
                 self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
@@ -286,7 +302,7 @@ class Learner:
 
     def _policy_micro_step(
         self, part: Batch, mb: MicroBatch, advantages: torch.Tensor, reference: torch.Tensor,
-        scale: float, m: StepMetrics,
+        positive: tuple[torch.Tensor, torch.Tensor], scale: float, m: StepMetrics,
     ) -> None:  # fmt: skip
         """Forward and backward of the policy loss on micro-batch `mb` of mini-batch `part`,
         weighted by its share of `part`; metrics weighted by that share times `scale`."""
@@ -315,7 +331,13 @@ class Learner:
             loss = loss + algo.kl_coef * masked_aggregate(
                 k3(x.rollout_logprobs - logprobs), mask, algo.loss_agg
             )
-        (loss * w).backward()
+        total = loss * w
+        if algo.lm_loss_coef:  # weighted by mb's share of the correct rows' tokens of `part`
+            lm, _ = positive_lm_loss(logprobs, mask, positive[0], algo.loss_agg, tensors=True)
+            w_lm = _share(mask * positive[0][:, None], positive[1], algo.loss_agg) * mb.weight
+            total = total + algo.lm_loss_coef * lm * w_lm
+            m.add("loss/lm", lm.detach() * w_lm, scale)
+        total.backward()
         pm["policy/entropy"] = ent.detach()
         for key, value in pm.items():
             # A filler pass (weight 0) reruns a row of this batch: harmless for min and max.
@@ -361,29 +383,11 @@ class Learner:
                 f"NaN, or raise learner.max_nonfinite_in_a_row (now {limit})"
             )
 
-    def fit_critic(self, batch: Batch) -> dict[str, float]:
-        """Steps 1-3 of `step` alone (value pre-training): the policy and counters stay."""
-        algo = self.cfg.algorithm
-        b = batch.to(self.device)
-        micro = self._micro_batches(b)
-        gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
-        self.critic.eval()
-        with torch.no_grad():
-            values = self.sharding.map_rows(b, micro, self._values) * gae_mask
-        _, returns = skip_observation_gae(
-            b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
-        )
-        for _ in range(self.cfg.critic.updates_per_step):
-            loss, _ = self._update_critic(b, micro, values, returns)
-        m = StepMetrics()
-        m.add("loss/value", loss)
-        return self.sharding.floats(m)
-
     # -- weights and state ---------------------------------------------------------------------
     def policy_state(self) -> dict[str, torch.Tensor]:
         """The policy weights to push to the engines (detached; on this learner's device in one
-        process, gathered onto rank 0's CPU when sharded, `{}` on the other ranks)."""
-        return self.sharding.full_state(self.policy)
+        process, gathered onto rank 0's CPU when sharded, `{}` on the other ranks); LoRA merged."""
+        return merged_state(self.sharding.full_state(self.policy), self.policy)
 
     def reset_critic_from_policy(self) -> None:
         """Critic <- the current policy's backbone and a zero value head; a fresh optimizer.
@@ -392,14 +396,14 @@ class Learner:
         judge (docs/design.md section 1); frozen parameters stay frozen.
         """
         prefix = self.policy.base_model_prefix + "."
-        policy = self.sharding.full_state(self.policy, everywhere=True)
+        policy = merged_state(self.sharding.full_state(self.policy, everywhere=True), self.policy)
         state = {"backbone." + k[len(prefix) :]: v for k, v in policy.items()
                  if k.startswith(prefix)}  # fmt: skip
         dtype = next(iter(state.values())).dtype
         head = self.critic.value_head
         state["value_head.weight"] = torch.zeros(head.weight.shape, dtype=dtype)
         state["value_head.bias"] = torch.zeros(head.bias.shape, dtype=dtype)
-        self.sharding.load_state(self.critic, state)
+        self.sharding.load_state(self.critic, onto_lora(state, self.critic, self.sharding))
         self._new_critic_optimizer()
 
     def state_dict(self) -> dict[str, Any]:
@@ -473,7 +477,7 @@ class Learner:
     def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> None:
         """A checkpoint of this learner (and this process's RNG) with the rollout side's state."""
         state = {**self.state_dict(), "torch_rng": torch.get_rng_state(), **rollout_state}
-        save_checkpoint(run_dir, self.steps, state)
+        save_checkpoint(run_dir, self.steps, state, keep=self.cfg.run.keep_last_checkpoints)
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint written by `save`."""
@@ -481,8 +485,9 @@ class Learner:
         torch.set_rng_state(state["torch_rng"])
 
     def export(self, tokenizer: Any, path: Path) -> None:
-        """The policy in Hugging Face format (what `model.name_or_path` loads)."""
+        """The policy in Hugging Face format (what `model.name_or_path` loads); LoRA: merged."""
         save_pretrained(self.policy, tokenizer, path)
+        save_adapter(self.policy, tokenizer, path, self.cfg)
 
     def close(self) -> None:
         """Nothing to release in one process."""

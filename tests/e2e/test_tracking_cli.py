@@ -29,7 +29,7 @@ TINY = ["run.total_steps=3", "run.eval_every=2", "learner.sft_steps=0", "learner
         "env.eval_size=16", "run.progress=false"]  # fmt: skip
 SAMPLE_FIELDS = {"step", "index", "prompt", "turns", "reward", "staleness", "stop_reason",
                  "prompt_key", "group_id", "action_tokens", "observation_tokens", "versions",
-                 "info", "batch_advantage"}  # fmt: skip
+                 "info", "advantage", "batch_advantage"}  # fmt: skip
 
 
 def assert_same_series(got: dict, want: dict, rel: float = 0.0) -> None:

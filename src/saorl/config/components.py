@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from saorl.config.base import _Section
+from saorl.config.presets import algorithm_settings
 
 
 class ModelConfig(_Section):
@@ -16,7 +17,9 @@ class ModelConfig(_Section):
     name_or_path: str = Field(
         "builtin:tiny",
         description="'builtin:tiny' = random-init tiny Qwen3-style model + the project's "
-        "char-level tokenizer; otherwise a local Hugging Face model directory",
+        "char-level tokenizer; a local Hugging Face model directory; or a hub id such as "
+        "'Qwen/Qwen3-1.7B', read from the Hugging Face cache (HF_HOME / HF_HUB_CACHE) and "
+        "downloaded only when it is not cached and HF_HUB_OFFLINE is unset",
     )
     hidden_size: int = Field(128, ge=1, description="model width in units; builtin:tiny only")
     num_layers: int = Field(2, ge=1, description="transformer layers; builtin:tiny only")
@@ -25,6 +28,18 @@ class ModelConfig(_Section):
         2, ge=1, description="key/value heads (grouped-query attention); builtin:tiny only"
     )
     intermediate_size: int = Field(512, ge=1, description="MLP hidden units; builtin:tiny only")
+    arch: Literal["qwen3", "qwen3_moe"] = Field(
+        "qwen3",
+        description="builtin:tiny only: 'qwen3' = dense; 'qwen3_moe' = mixture of experts "
+        "(Qwen3-MoE: num_experts experts of intermediate_size units in every layer, "
+        "num_experts_per_tok routed per token)",
+    )
+    num_experts: int = Field(
+        8, ge=2, description="experts per MoE layer; builtin:tiny with arch 'qwen3_moe' only"
+    )
+    num_experts_per_tok: int = Field(
+        2, ge=1, description="experts routed per token (top-k); arch 'qwen3_moe' only"
+    )
     builtin_newlines: bool = Field(
         False,
         description="builtin:tiny only: add newline and tab tokens to the char tokenizer "
@@ -41,15 +56,44 @@ class ModelConfig(_Section):
         ge=1,
         description="sequence positions per chunk when computing log-probs; bounds logits memory",
     )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank of the policy's adapters (peft, pip extra 'lora'); 0 = full "
+        "fine-tuning; > 0 = RL trains the adapters only (docs/lora.md)",
+    )
+    lora_alpha: float = Field(
+        32.0, gt=0, description="LoRA scale numerator: adapters add (lora_alpha / lora_rank) B A"
+    )
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout on the adapters' input while training (LoRA only)"
+    )
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["all-linear"],
+        description="module names (or name suffixes) that get adapters, e.g. ['q_proj', "
+        "'v_proj']; ['all-linear'] = every linear layer but the output head (peft); also the "
+        "critic's targets when critic.lora_rank > 0",
+    )
     device: str = Field(
         "cpu", description="'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when available, else cpu)"
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute each decoder layer's activations in the backward pass instead of "
+        "keeping them (policy, critic and supervised warm-up): less memory, ~1/3 more compute",
+    )
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa",
+        description="attention kernel of policy and critic in transformers (the hf engine and "
+        "the learner; vLLM picks its own): 'sdpa' (torch), 'eager' (reference), "
+        "'flash_attention_2' (CUDA, the flash-attn package, bfloat16/float16)",
     )
 
     @field_validator("name_or_path")
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not value:
-            raise ValueError("must be 'builtin:tiny' or a local model directory, got ''")
+            raise ValueError("must be 'builtin:tiny', a local model directory or a hub id, got ''")
         if value.startswith("builtin:") and value != "builtin:tiny":
             raise ValueError(f"the only built-in model is 'builtin:tiny', got {value!r}")
         return value
@@ -74,6 +118,11 @@ class ModelConfig(_Section):
             raise ValueError(
                 f"model.num_heads ({self.num_heads}) must divide model.hidden_size "
                 f"({self.hidden_size})"
+            )
+        if self.arch == "qwen3_moe" and self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"model.num_experts_per_tok ({self.num_experts_per_tok}) must be at most "
+                f"model.num_experts ({self.num_experts})"
             )
         return self
 
@@ -152,25 +201,18 @@ class RolloutConfig(_Section):
         return self
 
 
-# `algorithm.name` is a preset of the two choices an algorithm makes: (advantage, policy_loss).
-ALGORITHM_PRESETS: dict[str, tuple[str, str]] = {
-    "sao": ("gae", "dis"),
-    "grpo": ("group", "ppo_clip"),
-    "grpo_dis": ("group", "dis"),
-    "running_mean": ("running_mean", "dis"),
-    "vapo": ("gae", "ppo_clip"),
-}
-
-
 class AlgorithmConfig(_Section):
     """The RL objective: DIS band, GAE and optional regularisers (paper Eqs. 1-3)."""
 
-    name: Literal["sao", "grpo", "grpo_dis", "running_mean", "vapo"] = Field(
+    name: Literal["sao", "grpo", "grpo_dis", "running_mean", "vapo", "sao_ppo_clip"] = Field(
         "sao",
-        description="preset of advantage + policy_loss: 'sao' = gae + dis, single rollouts "
-        "(paper); baselines (paper section 2): 'grpo' = group + ppo_clip, 'grpo_dis' = group + "
-        "dis, 'running_mean' = running_mean + dis, 'vapo' = gae + ppo_clip; advantage or "
-        "policy_loss set explicitly win over the preset",
+        description="preset of the algorithm's recipe (docs/algorithms.md; each component "
+        "with its source: saorl train --help-config): 'sao' = gae + dis, single rollouts "
+        "(paper); baselines: 'grpo' = group + ppo_clip over 4 mini-batches, 'grpo_dis' = group "
+        "+ dis, 'running_mean' = running_mean + dis, 'vapo' = VAPO as published (gae with alpha "
+        "0.05 + ppo_clip over 4 mini-batches + LM loss on correct samples + groups of 16 + its "
+        "critic recipe), 'sao_ppo_clip' = SAO's critic recipe with ppo_clip instead of dis; "
+        "fields set explicitly win over the preset",
     )
     advantage: Literal["gae", "group", "running_mean"] = Field(
         "gae",
@@ -187,7 +229,15 @@ class AlgorithmConfig(_Section):
         "clip_eps_low/clip_eps_high",
     )
     group_size: int = Field(
-        8, ge=2, description="rollouts per prompt for advantage 'group'; paper: 16 prompts x 8"
+        8,
+        ge=2,
+        description="rollouts per prompt for advantage 'group' and for group_sampling; paper: "
+        "GRPO 16 prompts x 8; VAPO 512 prompts x 16",
+    )
+    group_sampling: bool = Field(
+        False,
+        description="sample group_size rollouts per prompt also for a per-sample advantage "
+        "(gae, running_mean): VAPO's group sampling; advantage 'group' always samples groups",
     )
     clip_eps_low: float = Field(
         0.2, gt=0, description="PPO clip-higher lower half-width (ppo_clip); paper: 0.2"
@@ -198,11 +248,36 @@ class AlgorithmConfig(_Section):
     minibatches: int = Field(
         1,
         ge=1,
-        description="policy optimizer steps per batch, one per mini-batch (grpo/vapo); with "
-        "ppo_clip the old policy is the weights at the start of the batch",
+        description="policy optimizer steps per batch, one per mini-batch; with ppo_clip the "
+        "old policy is the weights at the start of the batch, so the clip acts only when > 1; "
+        "presets grpo/vapo: 4 (DAPO/VAPO: 16 of 512 per 8192-response batch)",
+    )
+    lm_loss_coef: float = Field(
+        0.0,
+        ge=0,
+        description="weight of the positive-example LM loss added to the policy loss: NLL of "
+        "the action tokens of rows whose outcome reward >= lm_loss_min_reward; VAPO: 0.1; "
+        "SAO paper: none",
+    )
+    lm_loss_min_reward: float = Field(
+        1.0,
+        description="outcome reward from which a row counts as correct for the LM loss; 1.0 = "
+        "a right answer on the built-in tasks and the math env",
     )
     baseline_window: int = Field(
         8, ge=1, description="rewards per prompt in the running-mean baseline; paper: 8"
+    )
+    baseline_scope: Literal["prompt", "prompt_then_global", "global"] = Field(
+        "prompt",
+        description="running-mean baseline over: 'prompt' = that prompt's last baseline_window "
+        "rewards, a first visit gets advantage 0 (paper); 'global' = the last "
+        "baseline_global_window rewards of all prompts (paper's global variant, section 2); "
+        "'prompt_then_global' = the prompt's window, the global one on a first visit",
+    )
+    baseline_global_window: int = Field(
+        128,
+        ge=1,
+        description="rewards of all prompts in the global running-mean window; paper: 128",
     )
     eps_low: float = Field(
         0.3,
@@ -229,61 +304,95 @@ class AlgorithmConfig(_Section):
         0.95, ge=0, le=1, description="GAE lambda of policy advantages when lambda_mode='fixed'"
     )
     lambda_alpha: float = Field(
-        1.5, gt=0, description="alpha of the length-adaptive lambda; paper (from VAPO): 1.5"
+        1.5, gt=0, description="alpha of the length-adaptive lambda; SAO paper: 1.5; VAPO: 0.05"
     )
     lambda_critic: float = Field(
         1.0, ge=0, le=1, description="GAE lambda of the critic's value targets; paper: 1.0"
     )
     skip_observations: bool = Field(
-        True, description="GAE runs over action tokens only, skipping observation tokens (paper)"
+        True,
+        description="GAE runs over action tokens only, skipping observation tokens (paper); "
+        "false = over every completion token, and the critic is trained on all of them",
     )
     kl_coef: float = Field(
-        0.0, ge=0, description="per-token KL penalty to the initial policy; paper: 0 (none)"
+        0.0,
+        ge=0,
+        description="per-token k3 penalty on KL(current policy || the policy that sampled the "
+        "token), from the engine's recorded log-probs; not a reference/initial-policy KL; "
+        "paper: 0 (none)",
     )
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
+    )
+    routing_replay: bool = Field(
+        False,
+        description="MoE policies: the engine records the experts it routed each token to and "
+        "the learner's forward uses them (R3; docs/scale-out.md); needs rollout.engine 'hf'",
     )
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
-        # Fills in advantage and policy_loss from the preset where the input leaves them out;
-        # an unknown name is left for the field's own error message.
-        name = data.get("name", "sao") if isinstance(data, dict) else None
-        if isinstance(name, str) and name in ALGORITHM_PRESETS:
-            advantage, policy_loss = ALGORITHM_PRESETS[name]
-            data = {"advantage": advantage, "policy_loss": policy_loss, **data}
-        return data
+        # The preset's fields of this section, for an AlgorithmConfig built on its own (under a
+        # root Config they are already filled); an unknown name is left for the field's error.
+        return algorithm_settings(data) if isinstance(data, dict) else data
 
-    def implied_fields(self) -> dict[str, Any]:
-        advantage, policy_loss = ALGORITHM_PRESETS[self.name]
-        return {"advantage": advantage, "policy_loss": policy_loss}
+    @property
+    def samples_per_prompt(self) -> int:
+        """Rollouts drawn per prompt: group_size for groups or group sampling, else 1."""
+        grouped = self.advantage == "group" or self.group_sampling
+        return self.group_size if grouped else 1
 
 
 class CriticConfig(_Section):
     """The value model that replaces GRPO's group baseline."""
 
-    lr: float = Field(5e-4, gt=0, description="critic AdamW learning rate; paper: 5e-6 (5x policy)")
+    lr: float = Field(
+        5e-4,
+        gt=0,
+        description="critic AdamW learning rate; paper: 5e-6 (5x policy); preset vapo: 2 x "
+        "learner.lr (VAPO: 2e-6 vs 1e-6)",
+    )
     init_from: str = Field(
         "",
         description="critic checkpoint written by `saorl value-pretrain`; '' = initialise "
         "from the policy (paper: value pre-training corpus, section 3)",
     )
     updates_per_step: int = Field(
-        2, ge=1, description="critic optimizer steps per policy step; paper: K=2"
+        2, ge=1, description="critic optimizer steps per policy step; paper: K=2; VAPO: 1"
     )
     warmup_steps: int = Field(
-        10, ge=0, description="critic-only steps at the start, within run.total_steps; paper: 10"
+        10,
+        ge=0,
+        description="critic-only steps at the start, within run.total_steps, on rollouts of the "
+        "fixed initial policy (in-run value pre-training); paper: 10; preset vapo: 50",
     )
     freeze: Literal["attention", "none"] = Field(
         "attention",
-        description="attention = critic attention frozen during RL (paper); none = all trains",
+        description="attention = critic attention frozen during RL (paper); none = all trains "
+        "(VAPO)",
     )
     value_clip: float | None = Field(
         None, gt=0, description="clip values to old values +- this (reward units); unset = no clip"
     )
     grad_clip: float = Field(1.0, gt=0, description="max global grad norm of a critic update")
+    optimizer_offload: bool = Field(
+        False,
+        description="keep the critic's AdamW state and float32 master weights in CPU memory "
+        "(the step runs there; weights are copied back): frees AdamW's two moments per critic "
+        "parameter from accelerator memory; single-process learner only (not learner.fsdp); "
+        "on CPU nothing is freed",
+    )
     weight_decay: float = Field(0.0, ge=0, description="critic AdamW weight decay")
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        description="LoRA rank of the critic's backbone adapters (targets and dropout from "
+        "model.lora_*); 0 = full fine-tuning; the value head always trains fully",
+    )
+    lora_alpha: float = Field(
+        32.0, gt=0, description="critic LoRA scale numerator (lora_alpha / lora_rank)"
+    )
 
 
 class LearnerConfig(_Section):
@@ -311,8 +420,10 @@ class LearnerConfig(_Section):
     )
     mixed_precision: Literal["none", "bf16"] = Field(
         "none",
-        description="FSDP2 compute precision: 'bf16' = bfloat16 params in forward/backward with "
-        "float32 gradient reduction; 'none' = the parameter dtype throughout",
+        description="compute precision of the learner's forward/backward passes: 'bf16' = "
+        "bfloat16 compute, weights and optimizer state in model.dtype (FSDP2: "
+        "MixedPrecisionPolicy with float32 gradient reduction; one process: torch.autocast, "
+        "CPU included); 'none' = model.dtype throughout",
     )
     max_staleness: int = Field(
         4, ge=0, description="policy versions a trajectory may lag; staler ones are dropped"
@@ -324,7 +435,8 @@ class LearnerConfig(_Section):
         20,
         ge=0,
         description="policy updates over which the policy lr ramps linearly from 0 (Adam's "
-        "first steps move every weight by ~lr whatever the signal); paper: not stated",
+        "first steps move every weight by ~lr whatever the signal); a CPU-demo departure: the "
+        "paper states none, so paper-settings configs set 0",
     )
     max_nonfinite_in_a_row: int = Field(
         5,

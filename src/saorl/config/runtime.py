@@ -1,8 +1,8 @@
-"""Sections of run bookkeeping and Ray placement, and the root `Config`."""
+"""Sections of run bookkeeping, collapse detection and Ray placement, and the root `Config`."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from saorl.config.components import (
     RolloutConfig,
 )
 from saorl.config.env import EnvConfig
+from saorl.config.presets import apply_presets
 
 
 class RunConfig(_Section):
@@ -37,6 +38,18 @@ class RunConfig(_Section):
     )
     checkpoint_every: int = Field(
         200, ge=0, description="optimizer steps between checkpoints; 0 = only at the end"
+    )
+    keep_last_checkpoints: int = Field(
+        3,
+        ge=0,
+        description="checkpoints kept in run_dir/checkpoints (the newest; each with its "
+        "Hugging Face copy); 0 = keep every one",
+    )
+    save_hf: bool = Field(
+        True,
+        description="each checkpoint also writes the policy in Hugging Face format "
+        "(safetensors, config, tokenizer, chat template) to checkpoints/step_N.hf/, loadable by "
+        "transformers, vLLM and saorl eval; final/ is written either way",
     )
     concurrency: Literal["threads", "sync"] = Field(
         "threads",
@@ -71,6 +84,11 @@ class RunConfig(_Section):
     log_samples_count: int = Field(
         4, ge=1, description="trajectories per sample dump (the first ones of that step's batch)"
     )
+    stop_on_collapse: bool = Field(
+        False,
+        description="end the run cleanly (checkpoint, summary.json, exit code 0) at the first "
+        "step a [collapse] signal fires; false = log collapse/* and go on",
+    )
 
     @field_validator("trackers")
     @classmethod
@@ -84,6 +102,112 @@ class RunConfig(_Section):
     def _check_name(cls, value: str) -> str:
         if not value or value in (".", "..") or "/" in value or "\\" in value:
             raise ValueError(f"must be a directory name without path separators, got {value!r}")
+        return value
+
+
+class CollapseConfig(_Section):
+    """Live collapse detection (`saorl.collapse`): thresholds of the collapse/* signals.
+
+    Each signal must hold on `patience` consecutive steps to fire; nothing fires before a
+    metric has `window` values. Spike factors of 0 switch that signal off.
+    """
+
+    window: int = Field(
+        20,
+        ge=1,
+        description="steps in the moving averages (reward, entropy, length); the first window "
+        "values of a metric set its initial level, and none of its signals fires before",
+    )
+    patience: int = Field(
+        3, ge=1, description="consecutive steps (evaluations: 2) a signal must hold to fire"
+    )
+    baseline_window: int = Field(
+        50,
+        ge=2,
+        description="steps in the trailing median a spike is measured against",
+    )
+    reward_drop: float = Field(
+        0.5,
+        ge=0,
+        description="reward crash: the moving average falls below its best by more than this x "
+        "(best - initial level) and by more than reward_noise per-step noise sds",
+    )
+    reward_noise: float = Field(
+        2.5,
+        ge=0,
+        description="reward crash: the smallest drop, in standard deviations of one step's "
+        "reward (from the run's step-to-step differences); makes the rule scale-free",
+    )
+    eval_drop: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="eval drop: eval/accuracy below this x its best at two evaluations in a "
+        "row (the last evaluation alone at the end of a run)",
+    )
+    eval_min_best: float = Field(
+        0.05, ge=0, description="eval drop only judged once the best eval/accuracy is this high"
+    )
+    entropy_low: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="entropy collapse: moving average of policy/entropy below this x its "
+        "initial level (healthy sharpening measured down to 0.14)",
+    )
+    entropy_high: float = Field(
+        3.0,
+        ge=0,
+        description="entropy explosion: policy/entropy above this x its trailing median; 0 = off",
+    )
+    length_low: float = Field(
+        0.3,
+        ge=0,
+        lt=1,
+        description="length collapse: moving average of rollout/response_len_mean below this x "
+        "its initial level",
+    )
+    length_high: float = Field(
+        4.0,
+        ge=0,
+        description="length explosion: rollout/response_len_mean above this x its trailing "
+        "median (a jump; slow growth does not fire); 0 = off",
+    )
+    grad_norm_spike: float = Field(
+        10.0,
+        ge=0,
+        description="policy/grad_norm (before clipping) above this x its trailing median; 0 = off",
+    )
+    kl_spike: float = Field(
+        10.0,
+        ge=0,
+        description="dis/kl_k3 or ppo/kl_k3 (policy vs sampler) and mismatch/k3 (learner vs "
+        "engine) above this x their trailing median + kl_floor; 0 = off",
+    )
+    kl_floor: float = Field(
+        1e-3, ge=0, description="nats added to the KL and mismatch spike thresholds"
+    )
+    masked_frac_spike: float = Field(
+        3.0,
+        ge=0,
+        description="dis/masked_frac (or ppo/clip_frac) above this x its trailing median + "
+        "masked_frac_floor; 0 = off",
+    )
+    masked_frac_floor: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="fraction of tokens added to the masked-fraction threshold (the default "
+        "SAO run's dis/masked_frac swings between 0.01 and 0.12 from step to step)",
+    )
+
+    @field_validator(
+        "entropy_high", "length_high", "grad_norm_spike", "kl_spike", "masked_frac_spike"
+    )
+    @classmethod
+    def _check_factor(cls, value: float) -> float:
+        if 0 < value <= 1:
+            raise ValueError(f"must be 0 (off) or greater than 1 (a factor), got {value}")
         return value
 
 
@@ -146,7 +270,16 @@ class Config(_Section):
     learner: LearnerConfig = Field(default_factory=LearnerConfig, description="policy optimizer")
     env: EnvConfig = Field(default_factory=EnvConfig, description="task environment")
     run: RunConfig = Field(default_factory=RunConfig, description="run bookkeeping")
+    collapse: CollapseConfig = Field(
+        default_factory=CollapseConfig, description="live collapse detection thresholds"
+    )
     ray: RayConfig = Field(default_factory=RayConfig, description="Ray placement")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_presets(cls, data: Any) -> Any:
+        # algorithm.name's recipe spans sections; explicit settings win (saorl.config.presets).
+        return apply_presets(data, _field_default)
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Config:
@@ -156,12 +289,13 @@ class Config(_Section):
                 f"rollout.max_new_tokens ({self.rollout.max_new_tokens}): the context holds the "
                 "prompt and the generated tokens"
             )
-        groups = self.algorithm.advantage == "group"
+        groups = self.algorithm.samples_per_prompt > 1
         if groups and self.learner.batch_size % self.algorithm.group_size:
             raise ValueError(
                 f"learner.batch_size ({self.learner.batch_size}) must be a multiple of "
                 f"algorithm.group_size ({self.algorithm.group_size}) for "
-                "algorithm.advantage='group': batches hold whole groups"
+                "algorithm.advantage='group' or algorithm.group_sampling: batches hold whole "
+                "groups"
             )
         if self.algorithm.minibatches > self.learner.batch_size:
             raise ValueError(
@@ -169,3 +303,21 @@ class Config(_Section):
                 f"learner.batch_size ({self.learner.batch_size})"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_lora_and_routing(self) -> Config:
+        if self.learner.fsdp and (self.model.lora_rank or self.critic.lora_rank):
+            raise ValueError(
+                "model.lora_rank / critic.lora_rank with learner.fsdp=true is not supported yet "
+                "(docs/lora.md); set learner.fsdp=false or the LoRA ranks to 0"
+            )
+        if self.algorithm.routing_replay and self.rollout.engine != "hf":
+            raise ValueError(
+                f"algorithm.routing_replay=true needs rollout.engine='hf' (the engine that "
+                f"records routing; vLLM: pending, docs/scale-out.md), got {self.rollout.engine!r}"
+            )
+        return self
+
+
+def _field_default(section: str, name: str) -> Any:
+    return Config.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]
