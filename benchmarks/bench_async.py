@@ -1,6 +1,7 @@
 """Asynchronous SAO against synchronous training on long-tailed response lengths.
 
-    python benchmarks/bench_async.py [--steps 20] [--median 48] [--sigma 1.0] [--out PATH]
+    python benchmarks/bench_async.py [--preset default|genbound] [--steps N] [--median 48]
+                                     [--sigma 1.0] [--arms a,b] [--set k=v] [--out PATH]
 
 Workload: the built-in model (2 layers, 128 wide, random init) on the built-in addition
 prompts, 64 trajectories per step, every response forced to a length drawn per rollout from a
@@ -20,6 +21,25 @@ tokens, not the longest row):
     async_grpo  async with algorithm grpo_dis, groups of 8 (DIS, no critic): the same learner
                 as async_single, so async_single / async_grpo step times isolate the cost of
                 waiting for whole groups (`group wait` = first to last member finishing)
+    async_stale4, async_push4, async_push8  async with learner.max_staleness = 4, or a weight
+                push every 4 / 8 policy versions (learner.push_every), for the genbound preset
+    async_ray   async with the rollout worker in a Ray actor (its own process: no GIL shared
+                with the learner); not in a preset's arms
+
+Presets (`--preset`, the defaults of the flags; `results/<preset's file>.json`):
+- default (`async.json`): median 48, sigma 1, cap 384, the built-in model. Learner-bound on a
+  CPU: the SAO learner needs ~5x the time the engine needs for the same tokens.
+- genbound (`async_genbound.json`), a generation-bound configuration, the kind where
+  asynchrony pays: a heavy tail (median 8, sigma 2.4, cap 1024: mean 60-70 tokens, the longest
+  of a batch near the cap, so a synchronous batch waits ~1000 decoding steps for its last row
+  while the learner trains its ~4k tokens in 0.4 s), 512-token packs (the learner's attention
+  cost is quadratic in the pack), and the built-in model narrowed to 32 units (2 heads, 1
+  key/value head, MLP 128): decoding is then dominated by per-step overhead (a step of 64 rows
+  costs a few times one of a few rows, not 64 times; on a GPU decoding is memory-bound in the
+  same way) while the learner's compute shrinks. At the built-in width the ideal computed
+  below stays ~2.1 with these lengths (the learner costs too much per token); narrowed, ~3.3.
+  `learner.max_staleness = 16` for every arm: a row at the cap outlives ~10 learner steps and
+  would otherwise be dropped after being generated (`async_stale4` measures that).
 
 Figures are over the steady-state steps (after `--skip` steps that fill the pipeline):
 - step time = wall time per optimizer step; speedup = sync step time / arm step time;
@@ -32,7 +52,12 @@ Figures are over the steady-state steps (after `--skip` steps that fill the pipe
   at full occupancy (a standalone engine run on the same lengths, `max_concurrent` rows kept
   full), i.e. generation per batch without the long-tail drain;
 - ideal async speedup = (t_gen_sync + t_train) / max(t_train, t_gen_full): with perfect
-  overlap the slower stage sets the pace, and generation runs with its batch always full.
+  overlap the slower stage sets the pace, and generation runs with its batch always full;
+- `--pushed-capacity` (genbound): the engine alone with rows refilled as they finish (5 s after
+  3 s of warm-up: the steady mix, long rows included), without and with a weight push every
+  `t_train` x `push_every` seconds (the pace of a learner-bound async loop; each push drops the
+  KV cache and re-prefills the running rows), and each arm's rollout tokens/s in the loop
+  (generated, trained or not) as a share of the first: where the rollout side loses.
 """
 
 from __future__ import annotations
@@ -58,6 +83,25 @@ from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.worker import lognormal_lengths
 
+# Named configurations (`--preset`): the defaults of the command-line flags; `set` holds
+# overrides applied to every arm.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {
+        "steps": 20, "skip": 4, "median": 48, "sigma": 1.0, "cap": 384, "batch": 64,
+        "micro_batch": 16, "micro_batch_tokens": 1024, "concurrent": 64,
+        "arms": "sync,sync_2t,async,async_single,async_grpo", "set": [], "pushed_capacity": False,
+        "out": Path("benchmarks/results/async.json"),
+    },
+    "genbound": {
+        "steps": 30, "skip": 6, "median": 8, "sigma": 2.4, "cap": 1024, "batch": 64,
+        "micro_batch": 16, "micro_batch_tokens": 512, "concurrent": 64,
+        "arms": "sync,async,async_stale4,async_push4,async_push8", "pushed_capacity": True,
+        "set": ["model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1",
+                "model.intermediate_size=128", "learner.max_staleness=16"],
+        "out": Path("benchmarks/results/async_genbound.json"),
+    },
+}  # fmt: skip
+
 ARMS = {
     "sync": ["run.concurrency=sync"],
     "sync_2t": ["run.concurrency=sync", "run.torch_threads=2"],
@@ -66,6 +110,13 @@ ARMS = {
     # with a per-prompt running-mean baseline against GRPO groups of 8.
     "async_single": ["run.concurrency=threads", "algorithm.name=running_mean"],
     "async_grpo": ["run.concurrency=threads", "algorithm.name=grpo_dis", "algorithm.group_size=8"],
+    # Variations of `async` for the genbound preset (which sets learner.max_staleness=16):
+    # the default staleness bound, and one weight push per 4 or 8 policy versions.
+    "async_stale4": ["run.concurrency=threads", "learner.max_staleness=4"],
+    "async_push4": ["run.concurrency=threads", "learner.push_every=4"],
+    "async_push8": ["run.concurrency=threads", "learner.push_every=8"],
+    # The rollout worker in its own process (a Ray actor): no GIL shared with the learner.
+    "async_ray": ["run.concurrency=threads", "ray.enabled=true"],
 }
 
 
@@ -89,11 +140,12 @@ def base_overrides(args: argparse.Namespace, out_dir: Path) -> list[str]:
         "run.checkpoint_every=0",
         "run.progress=false",
         f"run.output_dir={out_dir}",
+        *args.set,
     ]
 
 
-def engine_capacity(cfg: Any, requests: int) -> dict[str, float]:
-    """Tokens/s of one engine kept full (`max_concurrent` rows) on the forced lengths."""
+def _engine_and_requests(cfg: Any, requests: int) -> tuple[Any, Any, list[GenerationRequest]]:
+    """A fresh engine of the run's model and `requests` prompts with forced lengths."""
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     model, tok = load_policy(cfg.model)
@@ -108,6 +160,12 @@ def engine_capacity(cfg: Any, requests: int) -> dict[str, float]:
         GenerationRequest(tok.encode(task.sample(rng).prompt), n, request_id=i, min_new_tokens=n)
         for i, n in enumerate(lengths)
     ]
+    return engine, model, reqs
+
+
+def engine_capacity(cfg: Any, requests: int) -> dict[str, float]:
+    """Tokens/s of one engine kept full (`max_concurrent` rows) on the forced lengths."""
+    engine, _, reqs = _engine_and_requests(cfg, requests)
     # Steady state: time from the moment the first rows retire until the queue runs dry.
     for r in reqs:
         engine.add_request(r)
@@ -119,7 +177,43 @@ def engine_capacity(cfg: Any, requests: int) -> dict[str, float]:
         if engine._queue or t0 is None:
             t_end, tok_end = time.perf_counter(), engine.tokens_generated
     tokens_per_s = (tok_end - tok0) / max(t_end - (t0 or t_end), 1e-9)
+    lengths = [r.min_new_tokens for r in reqs]
     return {"tokens_per_s": tokens_per_s, "mean_length": statistics.mean(lengths)}
+
+
+def engine_refilled(
+    cfg: Any, push_every_s: float, warm_s: float = 3.0, measure_s: float = 5.0
+) -> dict[str, float]:
+    """Tokens/s of one engine whose rows are refilled as they finish, over `measure_s` after
+    `warm_s` (long rows pile up until the mix settles), with a weight update (the same
+    weights) every `push_every_s` seconds when > 0: as a learner pushing at that pace would
+    send; each drops the KV cache and re-prefills the running rows."""
+    engine, model, reqs = _engine_and_requests(cfg, 20_000)
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    pending = iter(reqs)
+    start = last_push = time.perf_counter()
+    tok0, pushes, slowest = None, 0, 0.0
+    while True:
+        now = time.perf_counter()
+        if tok0 is None and now - start >= warm_s:
+            t0, tok0 = now, engine.tokens_generated
+        if tok0 is not None and now - t0 >= measure_s:
+            break
+        if push_every_s and now - last_push >= push_every_s:
+            pushes += tok0 is not None
+            engine.update_weights(state, pushes + 1)
+            last_push = now
+        while engine.num_unfinished() < engine.max_concurrent:
+            engine.add_request(next(pending))
+        t = time.perf_counter()
+        engine.step()
+        slowest = max(slowest, time.perf_counter() - t) if tok0 is not None else 0.0
+    return {
+        "tokens_per_s": (engine.tokens_generated - tok0) / (time.perf_counter() - t0),
+        "push_every_s": push_every_s,
+        "pushes": pushes,
+        "slowest_step_s": slowest,
+    }
 
 
 def steady(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
@@ -145,6 +239,9 @@ def steady(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
         "response_len_mean": statistics.mean(r["rollout/response_len_mean"] for r in window),
         "staleness_mean": statistics.mean(r["async/staleness_mean"] for r in window),
     }
+    generated = cum(b, "perf/rollout_tokens_per_s") - cum(a, "perf/rollout_tokens_per_s")
+    out["rollout_tokens_per_s"] = generated / wall  # generated, trained or not
+    out["dropped_stale"] = b["async/dropped_stale"] - a["async/dropped_stale"]
     waits = [r["async/group_wait_s"] for r in window if "async/group_wait_s" in r]
     if waits:
         out["group_wait_s"] = statistics.mean(waits)
@@ -153,23 +250,34 @@ def steady(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20, help="optimizer steps per arm")
-    p.add_argument("--skip", type=int, default=4, help="steps left out as pipeline fill")
-    p.add_argument("--median", type=int, default=48, help="median response length, tokens")
-    p.add_argument("--sigma", type=float, default=1.0, help="sigma of log(response length)")
-    p.add_argument("--cap", type=int, default=384, help="max response length, tokens")
-    p.add_argument("--batch", type=int, default=64, help="trajectories per optimizer step")
-    p.add_argument("--micro-batch", type=int, default=16, help="trajectories per fwd/bwd")
+    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                   help="named configuration: the defaults of the flags below")  # fmt: skip
+    p.add_argument("--steps", type=int, help="optimizer steps per arm")
+    p.add_argument("--skip", type=int, help="steps left out as pipeline fill")
+    p.add_argument("--median", type=int, help="median response length, tokens")
+    p.add_argument("--sigma", type=float, help="sigma of log(response length)")
+    p.add_argument("--cap", type=int, help="max response length, tokens")
+    p.add_argument("--batch", type=int, help="trajectories per optimizer step")
+    p.add_argument("--micro-batch", type=int, help="trajectories per fwd/bwd")
     p.add_argument(
         "--micro-batch-tokens",
         type=int,
-        default=1024,
         help="packed tokens per fwd/bwd (learner.micro_batch_tokens); 0 = padded",
     )
-    p.add_argument("--concurrent", type=int, default=64, help="rollout.max_concurrent")
-    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of arms")
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/async.json"))
+    p.add_argument("--concurrent", type=int, help="rollout.max_concurrent")
+    p.add_argument("--arms", help="comma-separated subset of arms")
+    p.add_argument("--set", action="append", default=[], help="extra override, every arm")
+    p.add_argument(
+        "--pushed-capacity",
+        action=argparse.BooleanOptionalAction,
+        help="also measure the engine kept full under weight pushes at the learner's pace",
+    )
+    p.add_argument("--out", type=Path, help="JSON report (default: the preset's)")
     args = p.parse_args()
+    for key, value in PRESETS[args.preset].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.set = [*PRESETS[args.preset]["set"], *args.set]
 
     load = os.getloadavg()[0]
     results: dict[str, Any] = {}
@@ -185,8 +293,14 @@ def main() -> None:
             r = results[arm]
             r["trained_tokens_per_s"] = args.batch * r["response_len_mean"] / r["step_s"]
             print(f"  {arm}: {results[arm]['step_s']:.2f} s/step", flush=True)
+        sync = results.get("sync")
+        if sync and args.pushed_capacity:
+            # The engine kept full, without and with weights arriving at the pace of a
+            # learner-bound async loop (one push per `push_every` steps of t_train).
+            cfg = load_config(None, base)
+            refilled = engine_refilled(cfg, 0.0)
+            cap_pushed = engine_refilled(cfg, sync["train_s"] * cfg.learner.push_every)
 
-    sync = results.get("sync")
     ideal = None
     if sync:
         t_gen_full = args.batch * sync["response_len_mean"] / cap["tokens_per_s"]
@@ -197,6 +311,13 @@ def main() -> None:
             "t_gen_full_s": t_gen_full,
             "ideal_speedup": ideal,
         }
+        if args.pushed_capacity:
+            t_pushed = args.batch * sync["response_len_mean"] / cap_pushed["tokens_per_s"]
+            stages["t_gen_full_pushed_s"] = t_pushed
+            for r in results.values():  # the rollout thread in the loop vs the engine alone
+                r["rollout_share_of_refilled_engine"] = (
+                    r["rollout_tokens_per_s"] / refilled["tokens_per_s"]
+                )
         for r in results.values():
             r["speedup_vs_sync"] = sync["step_s"] / r["step_s"]
     print(
@@ -229,6 +350,20 @@ def main() -> None:
             f"rollout capacity / learner demand = t_train / t_gen_full = "
             f"{stages['t_train_s'] / stages['t_gen_full_s']:.2f}"
         )
+        if args.pushed_capacity:
+            print(
+                f"engine alone, rows refilled as they finish: {refilled['tokens_per_s']:.0f} "
+                f"tokens/s; with a weight push every {cap_pushed['push_every_s']:.2f} s: "
+                f"{cap_pushed['tokens_per_s']:.0f} tokens/s (slowest step, a re-prefill: "
+                f"{cap_pushed['slowest_step_s']:.3f} s): a batch's tokens take "
+                f"{stages['t_gen_full_pushed_s']:.2f} s"
+            )
+            for arm, r in results.items():
+                print(
+                    f"{arm}: rollouts generated {r['rollout_tokens_per_s']:.0f} tokens/s in the "
+                    f"loop ({100 * r['rollout_share_of_refilled_engine']:.0f}% of the engine "
+                    f"alone), {r['dropped_stale']} dropped as stale"
+                )
     targets = {}
     if sync and "async" in results:
         got, idle = results["async"]["speedup_vs_sync"], results["async"]["learner_idle_frac"]
@@ -237,6 +372,11 @@ def main() -> None:
             "within_15pct_of_ideal": [got / ideal, got >= 0.85 * ideal],
             "async_learner_idle_below_10pct": [idle, idle < 0.10],
         }
+        if args.preset == "genbound":  # this configuration's own targets (issue 19)
+            targets = {
+                "ideal_at_least_2.5": [ideal, ideal >= 2.5],
+                "within_15pct_of_ideal": [got / ideal, got >= 0.85 * ideal],
+            }
         print(f"async reaches {got:.2f}x = {100 * got / ideal:.0f}% of the ideal")
         for name, (value, met) in targets.items():
             print(f"target {name}: {value:.3f} -> {'met' if met else 'MISSED'}")
@@ -250,6 +390,8 @@ def main() -> None:
         "workload": {
             k: getattr(args, k)
             for k in (
+                "preset",
+                "set",
                 "steps",
                 "skip",
                 "median",
@@ -262,6 +404,8 @@ def main() -> None:
             )
         },
         "engine_full_occupancy": cap,
+        "engine_refilled": refilled if sync and args.pushed_capacity else None,
+        "engine_refilled_pushed": cap_pushed if sync and args.pushed_capacity else None,
         "stages": stages if sync else None,
         "targets": targets,
         "arms": results,
