@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+from http.server import HTTPServer
 from pathlib import Path
 from typing import ClassVar
 
@@ -19,6 +19,7 @@ from saorl.cli import main
 from saorl.config import load_config
 from saorl.envs.factory import build_env
 from saorl.evaluation import majority, pass_at_k, run_eval, vote
+from tests._chat_stub import ChatStub
 
 # Small enough for the default demo model on 2 cores; the problems' count is what is tested.
 FAST = ["rollout.max_new_tokens=4"]
@@ -189,24 +190,14 @@ def test_held_out_only_swebench_file(monkeypatch, tmp_path):
     assert held_out("env.eval_size=3") == [7, 8, 9]  # ...or its held-out tail when set
 
 
-class _FakeChat(BaseHTTPRequestHandler):
+class _FakeChat(ChatStub):
     """An OpenAI-compatible endpoint that calls the Python tool once, then answers."""
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body: dict) -> dict:
         tool_turn = len(body["messages"]) == 1
         # The API strips the matched stop string, as real servers do.
         content = "<python>print(6*7)" if tool_turn else "so \\boxed{42}"
-        reply = {"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return {"choices": [{"message": {"content": content}, "finish_reason": "stop"}]}
 
 
 def test_eval_against_an_openai_compatible_endpoint(tmp_path):
@@ -237,7 +228,7 @@ def test_pass_at_k(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected)
 
 
-class _VotingChat(BaseHTTPRequestHandler):
+class _VotingChat(ChatStub):
     """Answers each question with its next reply from `REPLIES` (a fixed multiset per question,
     whatever order the concurrent requests arrive in) and records the messages it was sent."""
 
@@ -250,24 +241,14 @@ class _VotingChat(BaseHTTPRequestHandler):
     served: ClassVar[dict[str, int]] = {}
     seen: ClassVar[list[list[dict]]] = []
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body: dict) -> dict:
         question = next(q for q in self.REPLIES if q in body["messages"][-1]["content"])
         with self.lock:
             i = self.served.get(question, 0)
             self.served[question] = i + 1
             self.seen.append(body["messages"])
-        reply = {"choices": [{"message": {"content": self.REPLIES[question][i]},
-                              "finish_reason": "stop"}]}  # fmt: skip
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return {"choices": [{"message": {"content": self.REPLIES[question][i]},
+                             "finish_reason": "stop"}]}  # fmt: skip
 
 
 def _served_eval(tmp_path: Path, *flags: str) -> tuple[dict, list[dict], list[list[dict]]]:

@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
@@ -22,6 +22,7 @@ from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.openai_client import chat_episode
 from saorl.rollout.tools import render_tool_call
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
+from tests._chat_stub import ChatStub
 from tests.integration.test_agent_loop import ScriptedEngine
 
 # A Llama-3-shaped template: tools as JSON in the first user turn, `<|eot_id|>` after each
@@ -143,14 +144,13 @@ def test_a_bad_call_is_an_observation_the_model_recovers_from(fmt):
     assert "error: add: missing argument(s) b" in tok.decode(traj.completion_ids)
 
 
-class _ToolParsingServer(BaseHTTPRequestHandler):
+class _ToolParsingServer(ChatStub):
     """An OpenAI-compatible endpoint that parses tool calls (as vLLM does with
     `--enable-auto-tool-choice`): first a call to `add`, then the answer."""
 
     bodies: ClassVar[list[dict]] = []
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+    def answer(self, body: dict) -> dict:
         type(self).bodies.append(body)
         if len(body["messages"]) <= 1:
             message = {"role": "assistant", "content": None, "tool_calls": [
@@ -159,15 +159,7 @@ class _ToolParsingServer(BaseHTTPRequestHandler):
             reason = "tool_calls"
         else:
             message, reason = {"role": "assistant", "content": "\\boxed{42}"}, "stop"
-        data = json.dumps({"choices": [{"message": message, "finish_reason": reason}]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return {"choices": [{"message": message, "finish_reason": reason}]}
 
 
 @pytest.mark.parametrize("fmt", ["hermes", "llama3"])
