@@ -347,6 +347,10 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
                 errors.append((path, f"its shards: {str(e).removeprefix(str(shards))}"))
                 continue
             state["sharded"] = str(shards)
+            # Read whole, on first use, by a learner that is not sharded (saorl.distributed.dcp).
+            from saorl.distributed.dcp import whole_entries
+
+            state.update(whole_entries(str(shards), state.get("param_groups", {})))
         found = (path, state)
         break
     if quarantine:

@@ -8,11 +8,12 @@ experts than the ones that sampled it, and its log-prob differs from the engine'
 than rounding. DIS and PPO read that difference as policy change. Routing replay (R3 in slime,
 verl and prime-rl) records the engine's choice and makes the learner use it.
 
-- Recording (`RoutingRecorder`, used by `saorl.rollout.hf_engine`): a forward hook on every
-  router keeps its top-k indices. A trajectory carries one `(positions, moe_layers, top_k)`
-  tensor (`Trajectory.routing`, int8 up to 127 experts, else int16): for every position the
-  experts the engine routed that token to when it last fed it (the prefill after a weight
-  update or at a new turn replaces earlier records, so one trajectory holds one consistent set).
+- Recording (`RoutingRecorder`, used by `saorl.rollout.hf_engine`; vLLM's routers are hooked
+  by `saorl.rollout.vllm_moe`): a forward hook on every router keeps its top-k indices.
+  A trajectory carries one `(positions, moe_layers, top_k)` tensor (`Trajectory.routing`,
+  int8 up to 127 experts, else int16): for every position the experts the engine routed that
+  token to when it last fed it (the prefill after a weight update or at a new turn replaces
+  earlier records, so one trajectory holds one consistent set).
   A position the engine never fed (the last sampled token) holds -1.
 - Replay (`RoutingReplay`, used by `saorl.learner.Learner`): while `forced(...)` is open, a
   forward hook on every router replaces its output `(logits, weights, indices)` by the recorded
@@ -56,7 +57,8 @@ def find_routers(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if type(m).__name__ in SUPPORTED_ROUTERS]
 
 
-def _routers_or_error(model: nn.Module, who: str) -> list[nn.Module]:
+def routers_or_error(model: nn.Module, who: str) -> list[nn.Module]:
+    """`find_routers(model)`, or a `ConfigError` naming `who` when it has none."""
     routers = find_routers(model)
     if not routers:
         others = sorted({type(m).__name__ for m in model.modules() if "Router" in type(m).__name__})
@@ -77,7 +79,7 @@ class RoutingRecorder:
     """Forward hooks that keep every router's top-k indices of one forward pass."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.routers = _routers_or_error(model, "algorithm.routing_replay")
+        self.routers = routers_or_error(model, "algorithm.routing_replay")
         self.dtype = routing_dtype(int(self.routers[0].num_experts))
         self._captured: list[torch.Tensor] = []
         self._handles = [r.register_forward_hook(self._hook) for r in self.routers]
@@ -108,7 +110,7 @@ class RoutingReplay:
     """
 
     def __init__(self, model: nn.Module, packed: bool) -> None:
-        self.routers = _routers_or_error(model, "algorithm.routing_replay")
+        self.routers = routers_or_error(model, "algorithm.routing_replay")
         self.packed = packed
         self._forced: torch.Tensor | None = None
         # Counts stay on the device until `take_metrics` (no sync per router call).

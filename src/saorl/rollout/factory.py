@@ -56,5 +56,6 @@ def build_engine(
             kv_cache_gib=rc.vllm_kv_cache_gib,
             enforce_eager=rc.vllm_enforce_eager,
             recompute_kv=rc.vllm_recompute_kv_on_update,
+            record_routing=cfg.algorithm.routing_replay,
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")

@@ -31,6 +31,9 @@ How it is wired, and why:
   aborted in vLLM; vLLM itself runs with `skip_tokenizer_init` and never sees text.
 - **Seeds.** Every request gets its own seed (`request_seed`): sampling never draws from the
   process-wide RNGs, and a request's random stream does not depend on what else is running.
+- **MoE** (`saorl.rollout.vllm_moe`): expert weights are prepacked again after each push
+  (vLLM's CPU reload leaves them unpacked); with `record_routing` (`algorithm.routing_replay`)
+  the routing is captured from vLLM's routers (that module says why not vLLM's own option).
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ import numpy as np
 import torch
 
 from saorl.models.lora import merged_state
+from saorl.models.routing import routers_or_error
+from saorl.rollout import vllm_moe
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 
 INSTALL_HINT = (
@@ -131,6 +136,7 @@ class _Running:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    routing: list[vllm_moe.Chunk] = field(default_factory=list)  # recorded by forward, in order
 
     def absorb(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
         """Append one step's delta; all of it was sampled under `version`."""
@@ -139,7 +145,9 @@ class _Running:
         self.versions.extend([version] * len(token_ids))
 
     def completion(self, reason: str) -> Completion:
-        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason)  # type: ignore[arg-type]
+        routing = vllm_moe.assemble(self.routing, len(self.request.prompt_ids) + len(self.tokens))
+        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason,  # type: ignore[arg-type]
+                          routing=routing)  # fmt: skip
 
 
 class VLLMEngine:
@@ -167,8 +175,11 @@ class VLLMEngine:
         version: int = 0,
         recompute_kv: bool = True,
         workdir: Path | None = None,
+        routing: vllm_moe.VLLMRoutingRecorder | None = None,
     ) -> None:
         self._llm = llm
+        self._routing = routing
+        self._moe_layers: list = []  # CPU expert layers to repack after a push
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self._make_params = make_params
@@ -206,9 +217,15 @@ class VLLMEngine:
         kv_cache_gib: float = 0.0,
         enforce_eager: bool = False,
         recompute_kv: bool = True,
+        record_routing: bool = False,
     ) -> VLLMEngine:
-        """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM)."""
+        """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
+        `record_routing`: completions carry the MoE routing (`saorl.rollout.vllm_moe`)."""
         mode = choose_logprobs_mode(temperature, top_p)
+        if record_routing:
+            moe_layers = len(routers_or_error(policy, "algorithm.routing_replay"))
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner it reads
+            enforce_eager = True  # graphs and compiled code would skip the capture callbacks
         workdir = Path(tempfile.mkdtemp(prefix="saorl-vllm-"))
         config = policy.config.to_dict()
         # vLLM picks its model class (and generate vs pooling) from `architectures`, which a
@@ -221,16 +238,20 @@ class VLLMEngine:
                 max_concurrent=max_concurrent, seed=seed, dtype=dtype, logprobs_mode=mode,
                 gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
                 enforce_eager=enforce_eager, prefix_caching=recompute_kv,
-                eos_id=tokenizer.eos_token_id,
+                eos_id=tokenizer.eos_token_id, read_prefix_cache=not record_routing,
             )  # fmt: skip
+            recorder = None
+            if record_routing:
+                recorder = vllm_moe.VLLMRoutingRecorder(llm, policy.config.num_experts, moe_layers)
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         engine = cls(
             llm, tokenizer, make_params=make_params, make_prompt=make_prompt,
             max_seq_len=max_seq_len, max_concurrent=max_concurrent, seed=seed,
-            version=version, recompute_kv=recompute_kv, workdir=workdir,
+            version=version, recompute_kv=recompute_kv, workdir=workdir, routing=recorder,
         )  # fmt: skip
+        engine._moe_layers = vllm_moe.cpu_expert_layers(llm)
         engine.update_weights(merged_state(policy.state_dict(), policy), version)  # LoRA: merged
         return engine
 
@@ -287,6 +308,8 @@ class VLLMEngine:
             return
         self.abort_all()
         self._closed = True
+        if self._routing is not None:
+            self._routing.close()
         VLLMEngine._live -= 1
         # Shutting a vLLM engine down, or letting it be garbage-collected, tears down vLLM's
         # process-wide distributed state, which other vLLM engines in this process still use:
@@ -331,6 +354,7 @@ class VLLMEngine:
             self._llm.collective_rpc(
                 "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
             )
+            vllm_moe.repack_cpu_experts(self._moe_layers, state)
             self._llm.set_weight_version(str(version))
             if self.recompute_kv:
                 # Preempt the running requests: they re-prefill (prompt + tokens so far) under
@@ -346,7 +370,12 @@ class VLLMEngine:
             self._same_threads_here()
             finished: list[Completion] = []
             stopped: list[str] = []
-            for out in self._llm.step():
+            outputs = self._llm.step()
+            if self._routing is not None:
+                for rid, chunks in self._routing.take().items():
+                    if rid in self._running:  # else aborted or stopped
+                        self._running[rid].routing.extend(chunks)
+            for out in outputs:
                 run = self._running.get(out.request_id)
                 if run is None:  # aborted by us after vLLM produced it
                     continue
@@ -387,6 +416,7 @@ def build_llm(
     enforce_eager: bool,
     prefix_caching: bool,
     eos_id: int | None,
+    read_prefix_cache: bool = True,
 ) -> tuple[Any, Any, Any]:
     """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders."""
     # Read by vLLM when it builds its config: run the engine core in this process.
@@ -455,6 +485,7 @@ def build_llm(
             stop_token_ids=[eos_id] if eos_id is not None else None,
             seed=seed,
             output_kind=RequestOutputKind.DELTA,  # each step returns the tokens it sampled
+            skip_reading_prefix_cache=not read_prefix_cache,  # routing: compute every position
         )
 
     def make_prompt(ids: list[int]) -> Any:
