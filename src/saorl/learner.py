@@ -19,6 +19,10 @@ equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or 
 `learner.micro_batch_tokens > 0` rows packed into one row without padding up to that many tokens
 (`saorl.models.packing`).
 
+Steps 1-3 belong to the critic's `saorl.critic_updater.CriticUpdater` (in this process, or in
+a Ray actor of its own: `saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
+run while this class runs step 4, on a thread of their own; the step's numbers are the same.
+
 This class is written for one process. Sharding over several ranks (FSDP2) changes what
 `self.sharding` does (`saorl.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this code.
 Metrics stay tensors until the end of a step, so no micro-batch waits for the device: a step
@@ -35,14 +39,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from saorl.advantages import (
-    RunningMeanBaseline,
-    group_normalized_advantages,
-    length_adaptive_lambda,
-    skip_observation_gae,
-)
-from saorl.checkpoint import load_state_file, save_checkpoint
+from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
+from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
+from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
@@ -51,13 +51,10 @@ from saorl.losses import (
     masked_aggregate,
     positive_lm_loss,
     ppo_clip_policy_loss,
-    value_loss,
 )
-from saorl.models.critic import Critic, freeze_attention
-from saorl.models.loading import compute_precision, critic_optimizer, save_pretrained
+from saorl.models.loading import compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
-from saorl.models.lora import add_lora, merged_state, onto_lora, save_adapter
-from saorl.models.packing import plan_token_micro_batches
+from saorl.models.lora import add_lora, merged_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
 from saorl.samples import row_advantages, samples_due
 from saorl.sft import supervised_warmup
@@ -73,35 +70,30 @@ class NonFiniteError(RuntimeError):
     """Too many learner steps in a row had a non-finite gradient."""
 
 
-def _share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
-    """A micro-batch's share of the batch loss: action tokens, or rows with action tokens."""
-    if agg == "token_mean":
-        return mask.sum() / total.sum().clamp(min=1)
-    rows = (mask.sum(-1) > 0).sum()
-    return rows / (total.sum(-1) > 0).sum().clamp(min=1)
-
-
 class Learner:
     """Owns the policy, the critic and their optimizers; `step(batch)` does one SAO step.
 
     This is the learner of one process, and also each rank's learner when sharded (pass the
-    `sharding`). It implements `saorl.interfaces.Learner` for the training loop.
+    `sharding`). It implements `saorl.interfaces.Learner` for the training loop. `critic`: an
+    updater hosted elsewhere (a Ray actor's handle); by default one is built here.
     """
 
     def __init__(
-        self, cfg: Config, policy: nn.Module, device: torch.device, sharding: Sharding | None = None
-    ) -> None:
+        self, cfg: Config, policy: nn.Module, device: torch.device,
+        sharding: Sharding | None = None, critic: Any = None,
+    ) -> None:  # fmt: skip
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()
-        self._amp = compute_precision(cfg.learner.mixed_precision, device, sharded=bool(sharding))
+        self._amp = compute_precision(cfg.learner.mixed_precision, device, self.sharding.sharded)
         self.policy = policy.to(device)
-        # The critic copies the policy's backbone, so it is built before the policy is sharded.
-        self.critic = Critic(self.policy, cfg).to(device)  # with critic.lora_rank's adapters
-        self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
+        if critic is None:
+            # It copies the policy's backbone: built before the policy is sharded or gets LoRA.
+            sh = self.sharding.for_critic() if cfg.critic.concurrent else self.sharding
+            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh)
+        self.critic_updater = critic
         add_lora(self.policy, cfg, "model")  # after the critic copied the plain backbone
         self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
-        self.sharding.shard(self.critic)
         # Log-probs run through this module's forward: FSDP2's root hooks gather the head there.
         self.policy_fwd = PolicyLogprobs(self.policy)
         self.sharding.shard(self.policy_fwd)
@@ -114,7 +106,6 @@ class Learner:
         self.policy_sched = torch.optim.lr_scheduler.LambdaLR(
             self.policy_opt, lambda i: min(1.0, (i + 1) / warm) if warm else 1.0
         )
-        self._new_critic_optimizer()
         self.version = 0  # policy version: number of policy optimizer steps taken
         self.steps = 0  # learner steps (critic warm-up steps included)
         self.skipped_steps = 0  # optimizer steps whose gradient was not finite
@@ -123,9 +114,11 @@ class Learner:
         self.baseline = RunningMeanBaseline(window=algo.baseline_window, scope=algo.baseline_scope,
                                             global_window=algo.baseline_global_window)  # fmt: skip
 
-    def _new_critic_optimizer(self) -> None:
-        self.critic_params = [p for p in self.critic.parameters() if p.requires_grad]
-        self.critic_opt = critic_optimizer(self.critic_params, self.cfg.critic)
+    # The critic's parts, for tools and tests (in this process only).
+    critic = property(lambda self: self.critic_updater.critic)
+    critic_opt = property(lambda self: self.critic_updater.opt)
+    critic_params = property(lambda self: self.critic_updater.params)
+    frozen = property(lambda self: self.critic_updater.frozen)
 
     # -- one step ------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
@@ -136,31 +129,17 @@ class Learner:
         m = StepMetrics()
         micro = self._micro_batches(b)
         skipped_before = self.skipped_steps
-        warmup = False
-        if algo.advantage == "gae":
-            # 1. Values before any critic update. Observation tokens enter GAE (and the value
-            # loss) only when skipping them is switched off (an ablation).
-            gae_mask = mask if algo.skip_observations else b.completion_mask
-            self.critic.eval()
-            with torch.no_grad():
-                values = self.sharding.map_rows(b, micro, self._values) * gae_mask
-            # 2. Skip-observation GAE: policy advantages and the critic's targets.
-            if algo.lambda_mode == "adaptive":
-                lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
-            else:
-                lam = algo.lambda_policy
-            advantages, _ = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, lam)
-            _, returns = skip_observation_gae(
-                b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
-            )
-            _, vm = value_loss(values, returns, mask, tensors=True)  # before the updates
-            m.set("value/explained_variance", vm["value/explained_variance"])
-            m.set("value/mean", vm["value/mean"])
-            # 3. K critic updates on the same batch (paper 3.2: a faster critic than policy).
-            for _ in range(cfg.critic.updates_per_step):
-                loss, norm = self._update_critic(b, micro, values, returns)
-            m.add("loss/value", loss)  # the last of the K updates
-            m.set("critic/grad_norm", norm)
+        warmup, critic = False, self.critic_updater
+        gae = algo.advantage == "gae"
+        if gae:
+            # 1-2. Values before any critic update -> advantages (and the critic's targets).
+            local = isinstance(critic, CriticUpdater) and critic.device == self.device
+            advantages, vm = critic.prepare(b, micro if local else None)
+            advantages = advantages.to(self.device)
+            for key, value in vm.items():
+                m.set(key, value)
+            # 3. K critic updates: now, or beside the policy update (`critic.concurrent`).
+            critic.start_update()
             warmup = self.steps < cfg.critic.warmup_steps
         elif algo.advantage == "group":
             # GRPO: the group-normalised outcome, the same on every action token of a row.
@@ -180,8 +159,16 @@ class Learner:
                 m.set(key, value)  # for samples.jsonl; taken out before metrics.jsonl
         # 4. The policy update, unless the critic is still warming up.
         policy_metrics: dict[str, Any] = {}
-        if not warmup:
-            policy_metrics = self._update_policy(b, micro, advantages, m)
+        try:
+            if not warmup:
+                policy_metrics = self._update_policy(b, micro, advantages, m)
+        finally:
+            if gae:  # joined even when the policy update failed: no update left running
+                done = critic.finish()
+        if gae:
+            m.add("loss/value", done.loss)  # the last of the K updates
+            m.set("critic/grad_norm", done.grad_norm)
+            self.skipped_steps += done.skipped
         metrics: dict[str, Any] = {**self.sharding.floats(m), **policy_metrics}
         metrics["learner/warmup"] = float(warmup)
         if warmup:
@@ -198,21 +185,9 @@ class Learner:
         metrics.update(self.replay.take_metrics() if self.replay else {})
         return metrics
 
-    def _plan(self, lengths: list[int]) -> list[list[int]]:
-        """Micro-batches of rows with these lengths: by token budget, or by row count."""
-        lc = self.cfg.learner
-        if lc.micro_batch_tokens:
-            return plan_token_micro_batches(lengths, lc.micro_batch_tokens)
-        n, k = len(lengths), lc.micro_batch_size
-        return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
-
     def _micro_batches(self, b: Batch) -> list[MicroBatch]:
-        return self.sharding.micro_batches(b.attention_mask.sum(-1).tolist(), self._plan)
-
-    def _values(self, mb: Batch) -> torch.Tensor:
-        packed = self.cfg.learner.micro_batch_tokens > 0
-        with self._amp():  # learner.mixed_precision
-            return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
+        lengths = b.attention_mask.sum(-1).tolist()
+        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
 
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
         with self._amp(), replay_routing(self.replay, mb):  # mixed precision, MoE routing replay
@@ -221,43 +196,6 @@ class Learner:
                 chunk_size=self.cfg.model.logprob_chunk_size, return_entropy=return_entropy,
                 packed=self.cfg.learner.micro_batch_tokens > 0,
             )  # fmt: skip
-
-    def _optimizer_step(
-        self, params: list[nn.Parameter], opt: torch.optim.Optimizer, clip: float
-    ) -> tuple[torch.Tensor, bool]:
-        """Clip and step unless the gradient is not finite; `(norm before clipping, stepped)`.
-
-        The one device sync per optimizer step: whether to step depends on the norm.
-        """
-        norm = self.sharding.grad_norm(params, clip)
-        ok = bool(torch.isfinite(norm))
-        if ok:
-            opt.step()
-        opt.zero_grad(set_to_none=True)
-        self.skipped_steps += int(not ok)
-        return norm, ok
-
-    def _update_critic(
-        self, b: Batch, micro: list[MicroBatch], old_values: torch.Tensor, returns: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One critic optimizer step on the value loss; `(this rank's loss, grad norm)`."""
-        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
-        # Every position GAE reads a value at is trained (observations too, when not skipped).
-        targets = "action_mask" if self.cfg.algorithm.skip_observations else "completion_mask"
-        self.critic.train()
-        total = torch.zeros((), device=self.device)
-        for mb in micro:
-            x = b.select(mb.rows)
-            loss, _ = value_loss(
-                self._values(x), returns[mb.rows], getattr(x, targets),
-                old_values=old_values[mb.rows] if cc.value_clip else None,
-                clip=cc.value_clip, agg=agg, tensors=True,
-            )  # fmt: skip
-            w = _share(getattr(x, targets), getattr(b, targets), agg) * mb.weight
-            (loss * w).backward()
-            total = total + loss.detach() * w
-        norm, _ = self._optimizer_step(self.critic_params, self.critic_opt, cc.grad_clip)
-        return total, norm
 
     def _update_policy(
         self, b: Batch, micro: list[MicroBatch], advantages: torch.Tensor, m: StepMetrics
@@ -291,9 +229,10 @@ class Learner:
                 with replay_routing(self.replay, part.select(mb.rows)):  # and layers' recompute
                     self._policy_micro_step(part, mb, adv, ref, (pos, part_pos), 1.0 / n_mb, m)
             last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
-            norm, ok = self._optimizer_step(
+            norm, ok = self.sharding.optimizer_step(
                 self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
             )
+            self.skipped_steps += int(not ok)
             if ok:
                 self.version += 1
                 self.policy_sched.step()
@@ -309,7 +248,7 @@ class Learner:
         algo = self.cfg.algorithm
         x = part.select(mb.rows)
         mask = x.action_mask
-        w = _share(mask, part.action_mask, algo.loss_agg) * mb.weight
+        w = share(mask, part.action_mask, algo.loss_agg) * mb.weight
         logprobs, entropy = self._logprobs(x, return_entropy=True)
         if algo.policy_loss == "dis":
             loss, pm = dis_policy_loss(
@@ -334,7 +273,7 @@ class Learner:
         total = loss * w
         if algo.lm_loss_coef:  # weighted by mb's share of the correct rows' tokens of `part`
             lm, _ = positive_lm_loss(logprobs, mask, positive[0], algo.loss_agg, tensors=True)
-            w_lm = _share(mask * positive[0][:, None], positive[1], algo.loss_agg) * mb.weight
+            w_lm = share(mask * positive[0][:, None], positive[1], algo.loss_agg) * mb.weight
             total = total + algo.lm_loss_coef * lm * w_lm
             m.add("loss/lm", lm.detach() * w_lm, scale)
         total.backward()
@@ -397,14 +336,8 @@ class Learner:
         """
         prefix = self.policy.base_model_prefix + "."
         policy = merged_state(self.sharding.full_state(self.policy, everywhere=True), self.policy)
-        state = {"backbone." + k[len(prefix) :]: v for k, v in policy.items()
-                 if k.startswith(prefix)}  # fmt: skip
-        dtype = next(iter(state.values())).dtype
-        head = self.critic.value_head
-        state["value_head.weight"] = torch.zeros(head.weight.shape, dtype=dtype)
-        state["value_head.bias"] = torch.zeros(head.bias.shape, dtype=dtype)
-        self.sharding.load_state(self.critic, onto_lora(state, self.critic, self.sharding))
-        self._new_critic_optimizer()
+        self.critic_updater.reset_from_policy({k[len(prefix) :]: v for k, v in policy.items()
+                                               if k.startswith(prefix)})  # fmt: skip
 
     def state_dict(self) -> dict[str, Any]:
         """Weights, optimizers, scheduler and counters for a checkpoint (`load_state` inverse).
@@ -417,9 +350,8 @@ class Learner:
             "step": self.steps,
             "version": self.version,
             "policy": sh.full_state(self.policy),
-            "critic": sh.full_state(self.critic),
             "policy_opt": sh.optimizer_state(self.policy, self.policy_opt),
-            "critic_opt": sh.optimizer_state(self.critic, self.critic_opt),
+            **self.critic_updater.state_dict(),  # "critic", "critic_opt"
             "policy_sched": self.policy_sched.state_dict(),
             "skipped_steps": self.skipped_steps,
             "baseline": self.baseline.state_dict(),
@@ -435,8 +367,7 @@ class Learner:
         try:
             sh.load_state(self.policy, state.get("policy", {}), self.policy_opt,
                           state.get("policy_opt"))  # fmt: skip
-            sh.load_state(self.critic, state.get("critic", {}), self.critic_opt,
-                          state.get("critic_opt"))  # fmt: skip
+            self.critic_updater.load_state(state)
         except (KeyError, RuntimeError, ValueError) as e:
             raise ConfigError(
                 f"the checkpoint does not fit this run's model/learner config "
@@ -458,15 +389,7 @@ class Learner:
 
     def load_critic(self, path: str) -> None:
         """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""
-        if not Path(path).is_file():
-            raise ConfigError(
-                f"critic.init_from: no file {path!r} (write one with saorl value-pretrain)"
-            )
-        state = load_state_file(path)
-        try:
-            self.critic.load_state_dict(state["critic"])
-        except (KeyError, RuntimeError) as e:
-            raise ConfigError(f"critic.init_from: {path} does not fit this model: {e}") from e
+        self.critic_updater.load(path)
 
     def evaluate(self, spec: EnvSpec, tokenizer: Any) -> dict[str, float]:
         """Held-out metrics of the current policy (`saorl.evaluation.evaluate_policy`)."""
@@ -490,4 +413,5 @@ class Learner:
         save_adapter(self.policy, tokenizer, path, self.cfg)
 
     def close(self) -> None:
-        """Nothing to release in one process."""
+        """The critic's worker thread (or actor) ends."""
+        self.critic_updater.close()

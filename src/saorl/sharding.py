@@ -8,6 +8,9 @@ policy and critic are sharded over several ranks goes through one `Sharding` obj
 - `map_rows(batch, micro, fn)`: a per-row computation over this process's rows, whole `(B, T)`
   back (here: just run it);
 - `grad_norm(params, clip)`: clip and return the global gradient norm;
+- `optimizer_step(params, opt, clip)`: clip, and step unless the gradient is not finite;
+- `for_critic()`: a `Sharding` for a critic that updates beside the policy (sharded: over a
+  process group of its own, so that the two never interleave collectives; `saorl.critic_updater`);
 - `floats(metrics)`: a step's metrics as python floats, combined over ranks, in one sync;
 - `full_state` / `optimizer_state` / `load_state`: whole state dicts for weight pushes and
   checkpoints.
@@ -85,6 +88,8 @@ def stacked_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
 class Sharding:
     """One process: the whole batch, the whole model, nothing to combine."""
 
+    sharded = False  # FSDP2 applies mixed precision itself; one process uses autocast
+
     def shard(self, module: nn.Module) -> None:
         """Prepare `module` for training (sharded learners wrap it; here it stays as it is)."""
 
@@ -104,6 +109,24 @@ class Sharding:
     def grad_norm(self, params: list[nn.Parameter], clip: float) -> torch.Tensor:
         """Clip the gradients of `params` to norm `clip`; return the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(params, clip)
+
+    def optimizer_step(
+        self, params: list[nn.Parameter], opt: torch.optim.Optimizer, clip: float
+    ) -> tuple[torch.Tensor, bool]:
+        """Clip and step unless the gradient is not finite; `(norm before clipping, stepped)`.
+
+        The one device sync per optimizer step: whether to step depends on the norm.
+        """
+        norm = self.grad_norm(params, clip)
+        ok = bool(torch.isfinite(norm))
+        if ok:
+            opt.step()
+        opt.zero_grad(set_to_none=True)
+        return norm, ok
+
+    def for_critic(self) -> Sharding:
+        """The sharding of a critic updating concurrently: here the same (nothing to interleave)."""
+        return self
 
     def floats(self, m: StepMetrics) -> dict[str, float]:
         """Every metric of `m` as a python float (minima and maxima under their own keys)."""

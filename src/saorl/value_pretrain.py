@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 
-from saorl.advantages import skip_observation_gae
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import build_env
 from saorl.evaluation import run_episodes
@@ -51,18 +50,11 @@ def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
 def fit_critic(learner: Learner, batch: Batch) -> dict[str, float]:
     """Steps 1-3 of `Learner.step` alone: values before the update, value targets with
     `lambda_critic`, K critic updates; the policy and the learner's counters stay."""
-    algo = learner.cfg.algorithm
-    b = batch.to(learner.device)
-    micro = learner._micro_batches(b)
-    gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
-    learner.critic.eval()
-    with torch.no_grad():
-        values = learner.sharding.map_rows(b, micro, learner._values) * gae_mask
-    _, returns = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic)
-    for _ in range(learner.cfg.critic.updates_per_step):
-        loss, _ = learner._update_critic(b, micro, values, returns)
+    critic = learner.critic_updater
+    critic.prepare(batch)
+    critic.start_update()
     m = StepMetrics()
-    m.add("loss/value", loss)
+    m.add("loss/value", critic.finish().loss)
     return learner.sharding.floats(m)
 
 

@@ -78,6 +78,48 @@ def test_async_training_with_ray_actors(tmp_path, local_ray):
     assert ray.is_initialized()  # the session this module started is still there
 
 
+def test_critic_actor_steps_like_the_in_process_learner(tmp_path, local_ray):
+    # ray.critic_actor: the critic and its K updates in an actor of their own, beside the
+    # learner actor; the same batches give the in-process learner's metrics and weights.
+    from saorl.distributed.ray_learner import RayLearner
+    from saorl.learner import Learner
+    from saorl.models.loading import load_policy
+    from tests.integration.test_learner import _batch
+
+    over = (
+        "ray.critic_actor=true",
+        "ray.critic_num_cpus=0.5",
+        "ray.learner_num_cpus=0.5",
+        "ray.critic_placement=beside",
+        "critic.warmup_steps=1",
+        "learner.batch_size=8",
+    )
+    cfg = _ray_config(tmp_path, *over)  # fmt: skip
+    remote = RayLearner(cfg)
+    try:
+        torch.manual_seed(cfg.run.seed)  # as the actors do: the same initial weights
+        policy, _ = load_policy(cfg.model)
+        local = Learner(tiny_config(*over[4:]), policy, torch.device("cpu"))
+        for seed in range(3):
+            batch = _batch(policy, seed=seed)
+            want, got = local.step(batch), remote.step(batch)
+            assert got.keys() == want.keys()
+            for key, value in want.items():  # warm-up: the policy's keys are None
+                assert got[key] == (value if value is None else pytest.approx(value, 1e-5)), key
+        assert remote.version == local.version == 2 and got["loss/value"] > 0
+        state, want = remote.call(lambda learner: learner.state_dict()), local.state_dict()
+        for key in ("policy", "critic"):
+            for name, value in want[key].items():
+                torch.testing.assert_close(state[key][name], value, msg=f"{key}.{name}")
+        assert state["critic_opt"]["state"][0]["step"] == 6  # 3 steps x K=2, kept remotely
+        # The critic reset after a supervised warm-up reaches the critic actor.
+        remote.call(lambda learner: learner.reset_critic_from_policy())
+        head = remote.call_critic(lambda u: float(u.critic.value_head.weight.abs().max()))
+        assert head == 0.0
+    finally:
+        remote.close()
+
+
 def _read_sharded(path, cfg) -> dict:
     """A sharded checkpoint with its policy and critic weights read back in this process."""
     import torch.distributed.checkpoint as dcp

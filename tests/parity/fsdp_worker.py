@@ -105,6 +105,27 @@ def main(out_path: str) -> None:
             "policy_moved@2": _max_diff(state2["policy"], policy.state_dict()),
         })  # fmt: skip
         results[case] = r
+    # critic.concurrent: the critic over a process group of its own, its K updates on a thread
+    # beside the policy update, against the sequential sharded learner (two steps each).
+    conc = (*COMMON, "learner.fsdp=true", "learner.micro_batch_size=3", "algorithm.minibatches=2")
+    runs = []
+    for flag in ("false", "true"):
+        learner = _sharded(tiny_config(*conc, f"critic.concurrent={flag}"), policy)
+        steps = [learner.step(batch) for _ in range(2)]
+        runs.append((steps, learner.state_dict(), learner.critic_updater.sharding.group))
+        learner.close()
+    (seq_m, seq_s, seq_group), (con_m, con_s, con_group) = runs
+    if rank == 0:
+        results["concurrent"] = {
+            "own_group": float(seq_group is None and con_group is not None),
+            "metrics": max(abs(a[k] - b[k]) for a, b in zip(seq_m, con_m, strict=True)
+                           for k in a if a[k] is not None),
+            "policy_weights@2": _max_diff(seq_s["policy"], con_s["policy"]),
+            "critic_weights@2": _max_diff(seq_s["critic"], con_s["critic"]),
+            "critic_adam@2": max(_max_diff(a, con_s["critic_opt"]["state"][n])
+                                 for n, a in seq_s["critic_opt"]["state"].items()),
+            "version": float(con_m[-1]["learner/version"]),
+        }  # fmt: skip
     # Re-initialising the sharded critic from the policy (after a supervised warm-up).
     cfg = tiny_config(*COMMON, "learner.fsdp=true")
     sharded = _sharded(cfg, policy)

@@ -58,3 +58,14 @@ def test_sharded_critic_reset_and_bf16(parity):
     # bf16 compute against float32: close, not equal (bf16 keeps ~3 significant digits).
     assert parity["bf16"]["loss/policy"] < 1e-2
     assert parity["bf16"]["loss/value"] < 1e-2
+
+
+@pytest.mark.slow
+def test_sharded_concurrent_critic_equals_sequential(parity):
+    # critic.concurrent under FSDP2: the critic's collectives go over a group of their own, its
+    # K updates run beside the policy update; same numbers as the sequential sharded step.
+    r = parity["concurrent"]
+    assert r["own_group"] == 1.0 and r["version"] == 4.0  # 2 steps x 2 mini-batches
+    assert r["metrics"] < LOSS_TOL
+    for key in ("policy_weights@2", "critic_weights@2", "critic_adam@2"):
+        assert r[key] < WEIGHT_TOL, (key, r[key])

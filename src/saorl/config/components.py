@@ -327,7 +327,8 @@ class AlgorithmConfig(_Section):
     routing_replay: bool = Field(
         False,
         description="MoE policies: the engine records the experts it routed each token to and "
-        "the learner's forward uses them (R3; docs/scale-out.md); needs rollout.engine 'hf'",
+        "the learner's forward uses them (R3; docs/scale-out.md); with rollout.engine 'vllm' "
+        "the engine runs eager and computes every prompt (no prefix-cache reads)",
     )
 
     @model_validator(mode="before")
@@ -393,6 +394,27 @@ class CriticConfig(_Section):
     lora_alpha: float = Field(
         32.0, gt=0, description="critic LoRA scale numerator (lora_alpha / lora_rank)"
     )
+    concurrent: bool = Field(
+        False,
+        description="run the critic's K updates beside the policy update (after the "
+        "advantages; same numbers): on a thread of their own in one process, over a process "
+        "group of their own with learner.fsdp; a step then takes the longer of the two, not the "
+        "sum. Pays with a second device (critic.device) or idle cores; on a few busy CPU cores "
+        "the two compete for them (docs/performance.md)",
+    )
+    device: str = Field(
+        "",
+        description="device of the critic in one process, e.g. 'cuda:1'; '' = the learner's "
+        "(model.device); with critic.concurrent a second device runs the critic's updates "
+        "truly in parallel",
+    )
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value in ("", "cpu", "cuda") or re.fullmatch(r"cuda:\d+", value):
+            return value
+        raise ValueError(f"must be '', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
 
 
 class LearnerConfig(_Section):

@@ -14,6 +14,9 @@ shards policy and critic over the ranks of the initialised `torch.distributed` g
   parameters collectively.
 - `map_rows`: per-rank `(n_r, T)` results (critic values, old log-probs) gathered to `(B, T)`.
 - `floats`: sums, minima and maxima reduced over ranks, one collective each.
+- `for_critic` (used with `critic.concurrent`): an `FSDPSharding` over a process group of its own
+  (the same ranks): the critic's all-gathers, reduce-scatters and norms then never interleave
+  with the policy's, so the two can run at once on every rank (`saorl.critic_updater`).
 - `full_state` / `optimizer_state` / `load_state`: full (unsharded) CPU state dicts for weight
   pushes and checkpoints, via `torch.distributed.checkpoint.state_dict`.
 
@@ -34,14 +37,27 @@ from saorl.types import Batch
 
 
 class FSDPSharding(Sharding):
-    """Policy and critic sharded with FSDP2 over every rank of the default process group."""
+    """Modules sharded with FSDP2 over every rank of `group` (None: the default group)."""
 
-    def __init__(self, mixed_precision: str, device: torch.device) -> None:
-        self.mixed_precision, self.device = mixed_precision, device
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+    sharded = True
+
+    def __init__(self, mixed_precision: str, device: torch.device, group: Any = None) -> None:
+        self.mixed_precision, self.device, self.group = mixed_precision, device, group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
 
     def shard(self, module: nn.Module) -> None:
-        shard_module(module, self.mixed_precision)
+        mesh = None
+        if self.group is not None:
+            from torch.distributed.device_mesh import DeviceMesh
+
+            mesh = DeviceMesh.from_group(self.group, self.device.type)
+        shard_module(module, self.mixed_precision, mesh)
+
+    def for_critic(self) -> Sharding:
+        """Over a new group of the same ranks (every rank creates it, in the same order:
+        `new_group` is collective)."""
+        group = dist.new_group(backend=dist.get_backend())
+        return FSDPSharding(self.mixed_precision, self.device, group)
 
     def micro_batches(self, lengths: list[int], plan: Plan) -> list[MicroBatch]:
         # Every rank sees the whole batch, so each computes all ranks' plans and the ranks
@@ -63,27 +79,42 @@ class FSDPSharding(Sharding):
             out = fn(batch.select(mb.rows))
             if mb.weight:  # a filler pass runs for the collectives only
                 local[torch.tensor(mb.rows) - lo] = out
-        return gather_rows(local, batch.size)
+        return gather_rows(local, batch.size, self.group)
 
     def grad_norm(self, params: list[nn.Parameter], clip: float) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        # The norm over sharded gradients is a DTensor: made whole (a collective) here.
-        norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        if self.group is None:
+            # The norm over sharded gradients is a DTensor: made whole (a collective) here.
+            norm = torch.nn.utils.clip_grad_norm_(params, clip)
+            return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        # A critic updating on its own thread: the same clipping with one plain all-reduce of
+        # the shards' squared norms. DTensor's norm (a functional all-reduce, waited on inside
+        # a torch op) hung there against the policy's thread on gloo; this one does not.
+        grads = [p.grad for p in params if p.grad is not None]
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        sq = torch.zeros((), device=self.device, dtype=torch.float32)
+        for g in local:
+            sq = sq + g.detach().float().pow(2).sum()
+        dist.all_reduce(sq, group=self.group)
+        norm = sq.sqrt()
+        coef = (clip / (norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_ computes it
+        for g in local:
+            g.mul_(coef.to(g.dtype))
+        return norm
 
     def floats(self, m: StepMetrics) -> dict[str, float]:
         """Sums, minima and maxima reduced over ranks (every rank holds the same keys: each
         runs the same number of micro-batches); `set` values are every rank's already."""
         # gloo reduces CPU tensors, nccl device tensors.
-        dev = torch.device("cpu") if dist.get_backend() == "gloo" else self.device
+        dev = torch.device("cpu") if dist.get_backend(self.group) == "gloo" else self.device
         out: dict[str, float] = {}
         for d, op in ((m.sums, dist.ReduceOp.SUM), (m.mins, dist.ReduceOp.MIN),
                       (m.maxs, dist.ReduceOp.MAX)):  # fmt: skip
             if d:
                 keys = sorted(d)
                 t = torch.stack([d[k].to(dev, torch.float64) for k in keys])
-                dist.all_reduce(t, op=op)
+                dist.all_reduce(t, op=op, group=self.group)
                 out.update(zip(keys, t.tolist(), strict=True))
         return {**out, **stacked_floats(m.values)}
 
@@ -107,8 +138,9 @@ class FSDPSharding(Sharding):
         load_full_state(module, state, opt, opt_state)
 
 
-def shard_module(module: nn.Module, mixed_precision: str) -> None:
-    """`fully_shard` every `*DecoderLayer` of `module`, then `module` itself (the root)."""
+def shard_module(module: nn.Module, mixed_precision: str, mesh: Any = None) -> None:
+    """`fully_shard` every `*DecoderLayer` of `module`, then `module` itself (the root), over
+    `mesh` (None: the default group)."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     if mixed_precision == "bf16":
@@ -119,8 +151,8 @@ def shard_module(module: nn.Module, mixed_precision: str) -> None:
         raise ValueError(f"learner.mixed_precision: unknown {mixed_precision!r}; use none|bf16")
     layers = [m for m in module.modules() if type(m).__name__.endswith("DecoderLayer")]
     for layer in layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(module, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(module, mesh=mesh, mp_policy=mp)
     for m in module.modules():
         if isinstance(m, FSDPModule):
             # Sum, not mean, over ranks: each rank's loss is already weighted by its global share.
@@ -134,15 +166,15 @@ def rank_bounds(n: int, rank: int, world: int) -> tuple[int, int]:
     return round(rank * n / world), round((rank + 1) * n / world)
 
 
-def gather_rows(local: torch.Tensor, n: int) -> torch.Tensor:
+def gather_rows(local: torch.Tensor, n: int, group: Any = None) -> torch.Tensor:
     """Concatenate every rank's `(n_r, T)` block (ranks in order) into the `(n, T)` whole."""
-    world = dist.get_world_size()
+    world = dist.get_world_size(group)
     sizes = [rank_bounds(n, r, world) for r in range(world)]
     width = max(hi - lo for lo, hi in sizes)
     padded = local.new_zeros((width, *local.shape[1:]))
     padded[: local.shape[0]] = local
     parts = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(parts, padded.contiguous())
+    dist.all_gather(parts, padded.contiguous(), group=group)
     return torch.cat([p[: hi - lo] for p, (lo, hi) in zip(parts, sizes, strict=True)])
 
 

@@ -3,7 +3,9 @@
 - `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`, or the
   torchrun leader of `saorl.distributed.torchrun` when several actors shard one learner) and
   answers the methods of `saorl.interfaces.Learner`, each with the learner's counters; plus the
-  weight-push endpoints the rollout pool uses.
+  weight-push endpoints the rollout pool uses. With `ray.critic_actor` the critic lives in a
+  `CriticActor` instead, reached through a `saorl.distributed.ray_critic.RemoteCritic`.
+- `CriticActor` (`ray.critic_actor`): a `saorl.critic_updater.CriticUpdater` of its own.
 - `RolloutActor` owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop +
   environments) that runs only tasks the driver admitted (its feed is a `_TaskInbox`).
 
@@ -49,9 +51,10 @@ class LearnerActor:
     rank 0's learner is closed.
     """
 
-    def __init__(self, cfg: Config, cwd: str) -> None:
+    def __init__(self, cfg: Config, cwd: str, critic: Any = None) -> None:
         _setup_process(cfg, cwd)
         self.cfg = cfg
+        self.critic_actor = critic  # a CriticActor's handle (`ray.critic_actor`), or None
         self.learner: Any = None
         self.group: Any = None
         self.meta: Any = None
@@ -70,7 +73,10 @@ class LearnerActor:
         cfg, device = self.cfg, resolve_device(self.cfg.model.device)
         policy, self.tokenizer = load_policy(cfg.model)  # same seed: same init as one process
         if world == 1:
-            self.learner = Learner(cfg, policy, device)
+            from saorl.distributed.ray_critic import RemoteCritic
+
+            remote = RemoteCritic(self.critic_actor) if self.critic_actor is not None else None
+            self.learner = Learner(cfg, policy, device, critic=remote)
             return self.counters()
         import torch.distributed as dist
 
@@ -146,6 +152,52 @@ class LearnerActor:
 
     def broadcast_weights(self) -> None:
         self.group.send(self.learner.policy_state(), self.meta)
+
+
+class CriticActor:
+    """A `CriticUpdater` in its own process; every answer is on CPU."""
+
+    def __init__(self, cfg: Config, cwd: str) -> None:
+        from saorl.critic_updater import CriticUpdater
+        from saorl.models.loading import load_policy, resolve_device
+        from saorl.sharding import Sharding
+
+        _setup_process(cfg, cwd)
+        # Built like the learner builds its critic: from the same seeded policy.
+        policy, _ = load_policy(cfg.model)
+        device = resolve_device(cfg.critic.device or cfg.model.device)
+        # Its updates are already beside the policy's: no thread of its own here.
+        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": False})})
+        self.updater = CriticUpdater(cfg, policy.to(device), device, Sharding())
+
+    @staticmethod
+    def _cpu(tree: Any) -> Any:
+        from saorl.distributed.ray_critic import to_cpu
+
+        return to_cpu(tree)
+
+    def prepare(self, batch: Batch) -> tuple[Any, dict[str, Any]]:
+        return self._cpu(self.updater.prepare(batch))
+
+    def update(self) -> Any:
+        self.updater.start_update()
+        return self._cpu(self.updater.finish())
+
+    def reset_from_policy(self, backbone: dict[str, Any]) -> None:
+        self.updater.reset_from_policy(backbone)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._cpu(self.updater.state_dict())
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.updater.load_state(state)
+
+    def load(self, path: str) -> None:
+        self.updater.load(path)
+
+    def call(self, fn: Callable[..., Any], args: tuple) -> Any:
+        """`fn(updater, *args)`: for tests and tools."""
+        return fn(self.updater, *args)
 
 
 class _TaskInbox:

@@ -6,10 +6,14 @@ both optimizers (a `saorl.learner.Learner`; with `ray.learner_ranks` > 1, N acto
 node shard one FSDP2 learner and rank 0 answers) and runs everything that needs the weights:
 the supervised warm-up, evaluation, checkpoints, the final export. `RayLearner` implements
 `saorl.interfaces.Learner` by calling those methods remotely; each call returns the learner's
-counters too, so `steps` and `version` are current here without another round trip. The
-critic lives with the policy rather than in an actor of its own: every step updates it from
-the same batch right before the policy (values before its K updates give the advantages), so
-a separate actor would add a batch transfer and a round trip per step and overlap nothing.
+counters too, so `steps` and `version` are current here without another round trip.
+
+The critic lives with the policy by default. With `ray.critic_actor` it gets an actor of its own
+(`saorl.distributed.ray_actors.CriticActor`, `ray.critic_num_cpus` / `ray.critic_num_gpus`,
+`ray.critic_placement`), started here and handed to the learner actor: a step then sends the
+batch there for the advantages and runs the critic's K updates there while the learner actor
+updates the policy, so it takes the longer of the two updates (plus one batch transfer), not the
+sum. In one process `critic.concurrent` gets the same overlap from a thread.
 
 The rollout actors and the weight pushes to them belong to the rollout pool
 (`saorl.distributed.ray_pool.RayWorkerPool`), which reads the weights through this handle.
@@ -80,15 +84,19 @@ def _check_resources(cfg: Config) -> None:
     """Every actor of the run (learner ranks and rollout actors) fits the cluster."""
     rc, n = cfg.ray, cfg.rollout.num_workers
     have = ray_module().cluster_resources()
-    for kind, learner, rollout in (("CPU", rc.learner_num_cpus, rc.rollout_num_cpus),
-                                   ("GPU", rc.learner_num_gpus, rc.rollout_num_gpus)):  # fmt: skip
-        need = rc.learner_ranks * learner + n * rollout
+    for kind, learner, rollout, critic in (
+        ("CPU", rc.learner_num_cpus, rc.rollout_num_cpus, rc.critic_num_cpus),
+        ("GPU", rc.learner_num_gpus, rc.rollout_num_gpus, rc.critic_num_gpus),
+    ):
+        critic = critic if rc.critic_actor else 0.0
+        need = rc.learner_ranks * learner + n * rollout + critic
         if need > have.get(kind, 0.0) + 1e-9:
             key = kind.lower()
             raise ConfigError(
                 f"ray: the actors need {need:g} {kind}s (ray.learner_ranks = {rc.learner_ranks} "
                 f"x ray.learner_num_{key}s = {learner:g} + rollout.num_workers = {n} x "
-                f"ray.rollout_num_{key}s = {rollout:g}) but the Ray cluster has "
+                f"ray.rollout_num_{key}s = {rollout:g} + ray.critic_num_{key}s = {critic:g} "
+                f"with ray.critic_actor) but the Ray cluster has "
                 f"{have.get(kind, 0.0):g}; lower those fields or add nodes"
             )
 
@@ -105,7 +113,8 @@ class RayLearner:
         self.cfg = cfg
         self._own_ray = init_ray(cfg)
         self.learner_actors: list[Any] = []
-        self._placement: Any = None  # placement group of the learner ranks
+        self.critic_actor: Any = None  # `ray.critic_actor`
+        self._placement: Any = None  # placement group of the learner ranks (or with the critic)
         self._followers: list[Any] = []  # ranks > 0: their `setup` returns only at the end
         try:
             _check_resources(cfg)
@@ -115,11 +124,21 @@ class RayLearner:
                     f"ray.learner_ranks = {n} needs learner.fsdp = true (the ranks shard one "
                     "learner with FSDP2); or set ray.learner_ranks = 1"
                 )
+            if rc.critic_actor:
+                from saorl.distributed.ray_actors import CriticActor
+
+                learner_at, critic_at = self._critic_placement()
+                self.critic_actor = (
+                    ray.remote(CriticActor)
+                    .options(num_cpus=rc.critic_num_cpus, num_gpus=rc.critic_num_gpus,
+                             **critic_at)
+                    .remote(cfg, os.getcwd())
+                )  # fmt: skip
             self.learner_actors = [
                 ray.remote(LearnerActor)
                 .options(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus,
-                         **self._learner_placement(r))
-                .remote(cfg, os.getcwd())
+                         **(learner_at if rc.critic_actor else self._learner_placement(r)))
+                .remote(cfg, os.getcwd(), self.critic_actor)
                 for r in range(n)
             ]  # fmt: skip
             self.actor = self.learner_actors[0]
@@ -147,6 +166,30 @@ class RayLearner:
             self._placement = ray_module().util.placement_group(bundles, "STRICT_PACK")
             get(self._placement.ready(), "learner placement group", rc.start_timeout_s)
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._placement, rank)}
+
+    def _critic_placement(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Scheduling options of the learner and the critic actor (`ray.critic_placement`):
+        none, or bundles 0 and 1 of a STRICT_PACK (beside) or STRICT_SPREAD (apart) group."""
+        rc = self.cfg.ray
+        if rc.critic_placement == "any":
+            return {}, {}
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        bundles = [{k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+                   for cpus, gpus in ((rc.learner_num_cpus, rc.learner_num_gpus),
+                                      (rc.critic_num_cpus, rc.critic_num_gpus))]  # fmt: skip
+        if not all(bundles):
+            raise ConfigError(
+                f"ray.critic_placement = {rc.critic_placement!r} needs CPUs or GPUs reserved "
+                "for both the learner and the critic actor (ray.learner_num_* / critic_num_*)"
+            )
+        strategy = "STRICT_PACK" if rc.critic_placement == "beside" else "STRICT_SPREAD"
+        self._placement = ray_module().util.placement_group(bundles, strategy)
+        get(self._placement.ready(), "learner and critic placement group", rc.start_timeout_s)
+        return tuple(  # type: ignore[return-value]
+            {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._placement, i)}
+            for i in (0, 1)
+        )
 
     def wait(self, ref: Any, timeout: float | None = None) -> None:
         """Wait for rank 0's call `ref`; a learner rank > 0 that stops first (it died) is
@@ -197,14 +240,18 @@ class RayLearner:
         """`fn(learner, *args)` in the learner actor, for tests and tools (`fn` must pickle)."""
         return self._ask(self.actor.call.remote(fn, args))
 
+    def call_critic(self, fn: Any, *args: Any) -> Any:
+        """`fn(critic_updater, *args)` in the critic actor (`ray.critic_actor`), for tests."""
+        return get(self.critic_actor.call.remote(fn, args), "critic")
+
     def close(self) -> None:
         """End the learner actors; shut Ray down if this handle started it."""
         ray = ray_module()
         if self._followers:  # let the other learner ranks leave their loop; kill them anyway
             ray.wait([self.actor.close_learner.remote()], timeout=30)
-        for a in self.learner_actors:
+        for a in [*self.learner_actors, *([self.critic_actor] if self.critic_actor else [])]:
             ray.kill(a)
-        self.learner_actors, self._followers = [], []
+        self.learner_actors, self._followers, self.critic_actor = [], [], None
         if self._placement is not None:
             ray.util.remove_placement_group(self._placement)
             self._placement = None

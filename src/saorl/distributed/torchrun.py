@@ -179,6 +179,11 @@ def torchrun_learner(cfg: Config, policy: nn.Module, device: torch.device) -> Le
             "critic.optimizer_offload is for the single-process learner; with learner.fsdp the "
             "critic's optimizer state is sharded over the ranks already: unset one"
         )
+    if cfg.critic.device:
+        raise ConfigError(
+            "critic.device is for the single-process learner; with learner.fsdp the critic is "
+            "sharded over the ranks' devices: unset critic.device"
+        )
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

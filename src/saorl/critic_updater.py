@@ -1,0 +1,260 @@
+"""The critic side of the learner: `CriticUpdater`, the critic, its optimizer and its updates.
+
+For SAO (`algorithm.advantage = "gae"`, docs/design.md section 1) a learner step asks the
+critic for two things, in this order:
+
+1. `prepare(batch)`: values for every position before any critic update (a baseline must not
+   have seen the outcome it is compared with), then skip-observation GAE with `lambda_policy`
+   (length-adaptive by default) -> the policy's advantages, and with `lambda_critic` -> value
+   targets, kept here for the updates;
+2. `start_update()` ... `finish()`: K critic optimizer steps on the value loss against those
+   targets.
+
+After step 1 the K critic updates and the policy update are independent: each reads the batch
+and the pre-update values, and writes only its own weights and optimizer. With
+`critic.concurrent` the K updates run on a worker thread of their own (on `critic.device`, when
+that is another device) while the learner's thread runs the policy update; `finish` joins. The
+step then takes the longer of the two, not the sum, and computes the same numbers: the updater
+writes no state of the learner (it returns its loss, gradient norm and the number of optimizer
+steps it skipped for a non-finite gradient), and autocast and grad mode, which are per thread,
+are entered inside the thread. Both sides draw from torch's global random generator only through
+dropout (none in SAO's defaults); with dropout on, a concurrent step draws the same distribution
+in a different order.
+
+Sharded (FSDP2), the critic gets a `Sharding` of its own (`Sharding.for_critic`): over its own
+process group, so that its collectives never interleave with the policy's. Under Ray,
+`saorl.distributed.ray_critic` hosts a `CriticUpdater` in an actor of its own and the learner
+actor talks to it through the same four methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from torch import nn
+
+from saorl.advantages import length_adaptive_lambda, skip_observation_gae
+from saorl.checkpoint import load_state_file
+from saorl.config import Config, ConfigError
+from saorl.losses import value_loss
+from saorl.models.critic import Critic, freeze_attention
+from saorl.models.loading import compute_precision, critic_optimizer
+from saorl.models.lora import onto_lora
+from saorl.models.packing import plan_token_micro_batches
+from saorl.sharding import MicroBatch, Sharding
+from saorl.types import Batch
+
+
+class CriticUpdate(NamedTuple):
+    """What the K critic updates of a step report: the last update's value loss (this rank's
+    share when sharded) and gradient norm, and how many of the K steps were skipped."""
+
+    loss: torch.Tensor
+    grad_norm: torch.Tensor
+    skipped: int
+
+
+def share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
+    """A micro-batch's share of the batch loss: action tokens, or rows with action tokens."""
+    if agg == "token_mean":
+        return mask.sum() / total.sum().clamp(min=1)
+    rows = (mask.sum(-1) > 0).sum()
+    return rows / (total.sum(-1) > 0).sum().clamp(min=1)
+
+
+def plan_rows(cfg: Config, lengths: list[int]) -> list[list[int]]:
+    """Micro-batches of rows with these lengths: by token budget, or by row count."""
+    lc = cfg.learner
+    if lc.micro_batch_tokens:
+        return plan_token_micro_batches(lengths, lc.micro_batch_tokens)
+    n, k = len(lengths), lc.micro_batch_size
+    return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
+
+
+def critic_device(cfg: Config, learner_device: torch.device) -> torch.device:
+    """`critic.device`, or the learner's device when it is ''."""
+    if not cfg.critic.device:
+        return learner_device
+    from saorl.models.loading import resolve_device
+
+    try:
+        return resolve_device(cfg.critic.device)
+    except RuntimeError as e:
+        raise ConfigError(f"critic.device: {e}".replace("model.device", "critic.device")) from e
+
+
+class CriticUpdater:
+    """The critic (a copy of `policy`'s backbone with a value head), its optimizer and updates.
+
+    Build it before LoRA adapters are added to the policy (the critic copies the plain
+    backbone). `sharding` is the critic's own (`Sharding.for_critic`).
+    """
+
+    def __init__(
+        self, cfg: Config, policy: nn.Module, device: torch.device, sharding: Sharding
+    ) -> None:
+        self.cfg, self.device, self.sharding = cfg, device, sharding
+        self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
+        self.critic = Critic(policy, cfg).to(device)  # with critic.lora_rank's adapters
+        self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
+        self.sharding.shard(self.critic)
+        self.new_optimizer()
+        # One worker: the K updates of one step at a time, beside the policy update.
+        self._pool = ThreadPoolExecutor(1, "critic") if cfg.critic.concurrent else None
+        self._prepared: tuple[Batch, list[MicroBatch], torch.Tensor, torch.Tensor] | None = None
+        self._pending: Future[CriticUpdate] | CriticUpdate | None = None
+
+    def new_optimizer(self) -> None:
+        self.params = [p for p in self.critic.parameters() if p.requires_grad]
+        self.opt = critic_optimizer(self.params, self.cfg.critic)
+
+    def micro_batches(self, b: Batch) -> list[MicroBatch]:
+        lengths = b.attention_mask.sum(-1).tolist()
+        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
+
+    def values(self, mb: Batch) -> torch.Tensor:
+        """Values of the rows of `mb` (grad mode as the caller has it)."""
+        packed = self.cfg.learner.micro_batch_tokens > 0
+        with self._amp():  # learner.mixed_precision
+            return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
+
+    # -- one step ------------------------------------------------------------------------------
+    def prepare(
+        self, batch: Batch, micro: list[MicroBatch] | None = None
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Values before any update -> `(advantages, metrics)` on this updater's device; the
+        value targets are kept for `start_update`. `micro`: the learner's micro-batches of
+        `batch`, when its plan is this updater's (saves planning twice)."""
+        algo = self.cfg.algorithm
+        b = batch.to(self.device)
+        micro = micro if micro is not None else self.micro_batches(b)
+        # Observation tokens enter GAE (and the value loss) only when skipping them is
+        # switched off (an ablation).
+        gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
+        self.critic.eval()
+        with torch.no_grad():
+            values = self.sharding.map_rows(b, micro, self.values) * gae_mask
+        if algo.lambda_mode == "adaptive":
+            lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
+        else:
+            lam = algo.lambda_policy
+        advantages, _ = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, lam)
+        _, returns = skip_observation_gae(
+            b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
+        )
+        _, vm = value_loss(values, returns, b.action_mask, tensors=True)  # before the updates
+        self._prepared = (b, micro, values, returns)
+        keys = ("value/explained_variance", "value/mean")
+        return advantages, {k: vm[k].detach() for k in keys}
+
+    def start_update(self) -> None:
+        """The K updates on the prepared batch: on the worker thread with `critic.concurrent`,
+        otherwise here and now."""
+        if self._prepared is None:
+            raise RuntimeError("CriticUpdater.start_update before prepare")
+        args, self._prepared = self._prepared, None
+        if self._pool is None:
+            self._pending = self.update(*args)
+            return
+        stream = None
+        if self.device.type == "cuda":
+            # A stream of its own, so the GPU can overlap it with the policy's kernels; it
+            # starts after what this thread queued (the values) on the device.
+            stream = self._stream = getattr(self, "_stream", None) or torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        self._pending = self._pool.submit(self._update_on, stream, *args)
+
+    def finish(self) -> CriticUpdate:
+        """The result of the K updates `start_update` began (waits for them)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            raise RuntimeError("CriticUpdater.finish without start_update")
+        return pending.result() if isinstance(pending, Future) else pending
+
+    def _update_on(self, stream: Any, *args: Any) -> CriticUpdate:
+        """`update` on the worker thread; on a CUDA `stream`, finished on the device before it
+        returns (its inputs and results can then be freed or read on any stream)."""
+        if stream is None:
+            return self.update(*args)
+        with torch.cuda.stream(stream):
+            done = self.update(*args)
+        stream.synchronize()  # a sync of this thread only, off the policy's path
+        return done
+
+    def update(
+        self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor
+    ) -> CriticUpdate:
+        """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy)."""
+        skipped = 0
+        for _ in range(self.cfg.critic.updates_per_step):
+            loss, norm, ok = self.update_once(b, micro, values, returns)
+            skipped += int(not ok)
+        return CriticUpdate(loss, norm, skipped)
+
+    def update_once(
+        self, b: Batch, micro: list[MicroBatch], old_values: torch.Tensor, returns: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
+        """One critic optimizer step on the value loss: `(this rank's loss, norm, stepped)`."""
+        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
+        # Every position GAE reads a value at is trained (observations too, when not skipped).
+        targets = "action_mask" if self.cfg.algorithm.skip_observations else "completion_mask"
+        self.critic.train()
+        total = torch.zeros((), device=self.device)
+        for mb in micro:
+            x = b.select(mb.rows)
+            loss, _ = value_loss(
+                self.values(x), returns[mb.rows], getattr(x, targets),
+                old_values=old_values[mb.rows] if cc.value_clip else None,
+                clip=cc.value_clip, agg=agg, tensors=True,
+            )  # fmt: skip
+            w = share(getattr(x, targets), getattr(b, targets), agg) * mb.weight
+            (loss * w).backward()
+            total = total + loss.detach() * w
+        norm, ok = self.sharding.optimizer_step(self.params, self.opt, cc.grad_clip)
+        return total, norm, ok
+
+    # -- weights and state ---------------------------------------------------------------------
+    def reset_from_policy(self, backbone: dict[str, torch.Tensor]) -> None:
+        """Critic <- `backbone` (the policy's base-model weights, LoRA merged) and a zero value
+        head; a fresh optimizer. Frozen parameters stay frozen."""
+        state = {"backbone." + k: v for k, v in backbone.items()}
+        dtype = next(iter(state.values())).dtype
+        head = self.critic.value_head
+        state["value_head.weight"] = torch.zeros(head.weight.shape, dtype=dtype)
+        state["value_head.bias"] = torch.zeros(head.bias.shape, dtype=dtype)
+        self.sharding.load_state(self.critic, onto_lora(state, self.critic, self.sharding))
+        self.new_optimizer()
+
+    def state_dict(self) -> dict[str, Any]:
+        """`critic` and `critic_opt`, the learner checkpoint's entries (gathered when sharded)."""
+        return {"critic": self.sharding.full_state(self.critic),
+                "critic_opt": self.sharding.optimizer_state(self.critic, self.opt)}  # fmt: skip
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """The inverse of `state_dict` (every rank calls it when sharded)."""
+        self.sharding.load_state(self.critic, state.get("critic", {}), self.opt,
+                                 state.get("critic_opt"))  # fmt: skip
+
+    def load(self, path: str) -> None:
+        """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""
+        if not Path(path).is_file():
+            raise ConfigError(
+                f"critic.init_from: no file {path!r} (write one with saorl value-pretrain)"
+            )
+        state = load_state_file(path)
+        try:
+            self.critic.load_state_dict(state["critic"])
+        except (KeyError, RuntimeError) as e:
+            raise ConfigError(f"critic.init_from: {path} does not fit this model: {e}") from e
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(updater, *args)`: for tests and tools (the Ray actor's way in)."""
+        return fn(self, *args)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
