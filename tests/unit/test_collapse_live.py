@@ -107,7 +107,8 @@ def test_the_issue_example_entropy_x10_length_x20_grad_norm_x1e4_fires() -> None
 
     detector = _feed(_stream(change=change))
     first = detector.first
-    assert first is not None and first["detected_step"] == 152  # 3 steps over: 150, 151, 152
+    # A x1e4 gradient norm is over `spike_instant` x its threshold: it fires on its first step.
+    assert first is not None and first["detected_step"] == 150
     assert first["signal"] in ("entropy_explosion", "length_explosion", "grad_norm_spike")
     fired = {r.name for r in detector.rules if r.finding is not None}
     assert {"entropy_explosion", "length_explosion", "grad_norm_spike"} <= fired
@@ -169,9 +170,16 @@ def test_scores_are_columns_of_every_row() -> None:
     assert all(o["collapse/eval_drop"] == 0.0 for o in outs)
     assert 0 < outs[30]["collapse/reward_crash"] < 1  # judged: noise, below the threshold
     # The grad norm jumps x1e4 at step 150: its score is far past 1 (the threshold), and the
-    # detected flag turns on at the third step over and stays on.
+    # detected flag turns on at once (over `spike_instant` x the threshold) and stays on; a
+    # x40 jump (4x the threshold) waits for the third step over.
     assert outs[149]["collapse/grad_norm_spike"] > 100
-    assert [o["collapse/detected"] for o in outs[148:153]] == [0.0, 0.0, 0.0, 1.0, 1.0]
+    assert [o["collapse/detected"] for o in outs[148:153]] == [0.0, 1.0, 1.0, 1.0, 1.0]
+    mild = CollapseDetector()
+    flags = [
+        mild.update(r)["collapse/detected"]
+        for r in _stream(change=_after(150, "policy/grad_norm", lambda v: 40 * v))
+    ]
+    assert flags[148:153] == [0.0, 0.0, 0.0, 1.0, 1.0]
     assert outs[-1]["collapse/detected"] == 1.0
 
 
@@ -294,3 +302,44 @@ def test_a_recorded_collapsing_run_fires_live_and_after_the_run() -> None:
             assert replay.update(row) == pytest.approx(logged, nan_ok=True)
         else:
             replay.update(row)
+
+
+# -- recorded runs of examples/compare_tool.toml (tool task, staleness 8, push every 4) -------
+STALE8 = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def _recorded(arm: str) -> list[dict[str, Any]]:
+    path = STALE8 / f"tool_stale8_{arm}_seed0_metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_healthy_stale_sao_run_does_not_fire() -> None:
+    # Held-out accuracy 0.48 -> 0.93 over 200 steps; rollouts trained 8 versions old differ
+    # from their sampler by 0.01-0.04 nats/token for five steps in a row near the end
+    # (dis/kl_k3, median 2e-4), which fired kl_spike when its floor was 1e-3 nats.
+    rows = _recorded("sao")
+    assert max(r.get("dis/kl_k3") or 0 for r in rows) > 0.04
+    assert detect_collapse(rows) is None
+    assert detect_collapse(rows, CollapseConfig(kl_floor=1e-3)) is not None
+
+
+def test_a_one_step_blowup_fires_at_once() -> None:
+    # VAPO at step 100: ppo/kl_k3 7.26 nats and policy/grad_norm 48.8 (medians 8e-5 and 0.17) in
+    # one step, back under the thresholds the next; held-out accuracy 0.855 at step 75, then
+    # 0.68 and 0.56 at the end. Patience alone (3 steps over) never sees it.
+    rows = _recorded("vapo")
+    first = detect_collapse(rows)
+    assert first is not None
+    assert (first["step"], first["detected_step"]) == (100, 100)
+    assert first["signal"] in ("grad_norm_spike", "kl_spike")
+    assert detect_collapse(rows, CollapseConfig(spike_instant=0.0)) is None
+
+
+def test_a_single_outlier_below_the_instant_factor_waits_for_patience() -> None:
+    # 5x the threshold on one step (threshold = 10 x median): not an event on its own.
+    rows = _stream()
+    rows[149]["policy/grad_norm"] = 5 * 10 * 0.5  # the stream's median is about 0.5
+    assert _feed(rows).first is None
+    rows[149]["policy/grad_norm"] = 100 * 10 * 0.5
+    first = _feed(rows).first
+    assert first is not None and first["detected_step"] == first["step"] == 150
