@@ -185,7 +185,23 @@ class CollapseConfig(_Section):
         "engine) above this x their trailing median + kl_floor; 0 = off",
     )
     kl_floor: float = Field(
-        1e-3, ge=0, description="nats added to the KL and mismatch spike thresholds"
+        0.05,
+        ge=0,
+        description="nats added to the KL spike threshold (a healthy SAO run on the tool task "
+        "at staleness 8 had dis/kl_k3 of 0.01-0.04 for several steps in a row)",
+    )
+    mismatch_floor: float = Field(
+        1e-3,
+        ge=0,
+        description="nats added to the mismatch spike threshold (learner vs engine on the same "
+        "weights: about 1e-13 in float32 on CPU)",
+    )
+    spike_instant: float = Field(
+        10.0,
+        ge=0,
+        description="a spike whose value exceeds this x its threshold fires at once, without "
+        "patience (one step of 7 nats KL with a 100x gradient norm is an event, not noise); "
+        "0 = off",
     )
     masked_frac_spike: float = Field(
         3.0,
@@ -241,6 +257,22 @@ class RayConfig(_Section):
     rollout_num_gpus: float = Field(
         0.0, ge=0, description="GPUs reserved per rollout actor (its engine runs on them)"
     )
+    critic_actor: bool = Field(
+        False,
+        description="run the critic in a Ray actor of its own: its K updates run there while "
+        "the learner actor updates the policy (one batch transfer per step); needs "
+        "ray.learner_ranks = 1",
+    )
+    critic_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the critic actor")
+    critic_num_gpus: float = Field(
+        0.0, ge=0, description="GPUs reserved for the critic actor (set model.device='cuda')"
+    )
+    critic_placement: Literal["any", "beside", "apart"] = Field(
+        "any",
+        description="where the critic actor goes: 'any' = wherever Ray places it; 'beside' = "
+        "on the learner's node (a STRICT_PACK placement group); 'apart' = on another node "
+        "(STRICT_SPREAD)",
+    )
     weight_sync: Literal["object_store", "broadcast"] = Field(
         "object_store",
         description="how pushed weights reach rollout actors: 'object_store' = one Ray object "
@@ -249,6 +281,15 @@ class RayConfig(_Section):
     start_timeout_s: float = Field(
         600.0, gt=0, description="seconds an actor may take to be placed and load its model"
     )
+
+    @model_validator(mode="after")
+    def _check_critic(self) -> RayConfig:
+        if self.critic_actor and self.learner_ranks > 1:
+            raise ValueError(
+                f"ray.critic_actor = true goes with ray.learner_ranks = 1 (got "
+                f"{self.learner_ranks}): the critic actor is one unsharded process; unset one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_address(self) -> RayConfig:
@@ -305,16 +346,11 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
-    def _check_lora_and_routing(self) -> Config:
+    def _check_lora(self) -> Config:
         if self.learner.fsdp and (self.model.lora_rank or self.critic.lora_rank):
             raise ValueError(
                 "model.lora_rank / critic.lora_rank with learner.fsdp=true is not supported yet "
                 "(docs/lora.md); set learner.fsdp=false or the LoRA ranks to 0"
-            )
-        if self.algorithm.routing_replay and self.rollout.engine != "hf":
-            raise ValueError(
-                f"algorithm.routing_replay=true needs rollout.engine='hf' (the engine that "
-                f"records routing; vLLM: pending, docs/scale-out.md), got {self.rollout.engine!r}"
             )
         return self
 
