@@ -10,8 +10,11 @@ Two ways to compute a step's logits, chosen by `kv_cache` (`rollout.kv_cache`):
   the same column: a step feeds each row its last sampled token in one forward (attention
   mask over the cache, per-sequence position ids) and writes one column in place, with no
   copy of the cache.
-  Requests that join are prefilled (left-padded) in a second forward in the same step and
-  copied into free slots; a retired row's slot is refilled by moving the last row into it.
+  Requests that join are prefilled in the same step and copied into free slots; a retired
+  row's slot is refilled by moving the last row into it. Rows to prefill are grouped by length,
+  one forward per group (`saorl.rollout.prefill_plan`), so that a long row does not pad many
+  short ones to its width; each group is right-padded with no attention mask, so the model
+  runs its plain causal attention kernel rather than a masked one (`_prefill`).
 - `False`: the reference. Every step re-encodes the whole of every running sequence
   (right-padded, no cache). `tests/parity/test_hf_engine_kv.py` checks that both sample the same
   tokens with the same log-probs from the same seed.
@@ -27,9 +30,10 @@ in-flight sequences were computed by the old weights: the engine drops the cache
 them under the new weights (it does not keep stale keys/values, as a partial-rollout vLLM setup
 may). A token labelled version v was then sampled from exactly policy v given its whole prefix,
 which is what the learner's importance ratio assumes; the price is one prefill of the running
-sequences per weight update.
+sequences per weight update, grouped by length as above (one padded forward over rows of 10
+to 1000 tokens would cost several times their own tokens).
 
-Host-device traffic in the hot loop: ids go up once per forward (non-blocking); one transfer per
+Host-device traffic in the hot loop: inputs go up once per forward (non-blocking); one transfer per
 step brings the sampled ids and log-probs back together (stop checks need them on the host).
 Greedy and EOS flags are decided on the host and cache lengths are mirrored on the device, so
 this module adds no other synchronisation (transformers' own mask code may add some).
@@ -59,6 +63,7 @@ from saorl.models.lora import has_lora, merged_copy
 from saorl.models.routing import RoutingRecorder
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 from saorl.rollout.kv_slots import SlotCache
+from saorl.rollout.prefill_plan import plan_prefill
 
 
 @dataclass
@@ -240,14 +245,16 @@ class HFEngine:
 
     def _logits_cached(self) -> torch.Tensor:
         """Next-token logits of every running row: one decode forward over the cached rows,
-        one prefill forward over the rows without a cache (joined, or after a weight update).
-        Both come out in slot order; a permutation puts them in `_running` order."""
+        prefill forwards over the rows without a cache (joined, or after a weight update).
+        All come out in slot order; a permutation puts them in `_running` order."""
         parts = []
         if self._kv.n:
             parts.append(self._decode())
         new = [r for r in self._running if r.slot < 0]
-        if new:
-            parts.append(self._prefill(new))
+        # Grouped by length (`saorl.rollout.prefill_plan`), longest first: one padded forward
+        # per group, each group's rows taking the next slots, so logits stay in slot order.
+        for group in plan_prefill([len(r.request.prompt_ids) + len(r.tokens) for r in new]):
+            parts.append(self._prefill([new[i] for i in group]))
         logits = torch.cat(parts) if len(parts) > 1 else parts[0]
         perm = [r.slot for r in self._running]
         if perm != list(range(len(perm))):
@@ -267,28 +274,43 @@ class HFEngine:
         return self._head(hidden[:, -1])
 
     def _prefill(self, rows: list[_Running]) -> torch.Tensor:
+        """Run `rows` (no cache yet) in one forward, copy their keys/values into the next slots
+        and return their next-token logits.
+
+        Right padding and no attention mask: under causal attention no real token sees the pads
+        after it, so the model runs its plain causal kernel (sdpa's `is_causal`); a padding
+        mask would have transformers build a `rows x width x width` mask (on CPU as costly as
+        the attention itself) and the kernel apply it. The cache wants each row right-aligned,
+        so each row's keys/values are rotated right by its padding."""
         seqs = [r.ids() for r in rows]
+        lens = torch.tensor([len(s) for s in seqs])
         N, T = len(seqs), max(len(s) for s in seqs)
         ids = torch.full((N, T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((N, T), dtype=torch.long)
-        for i, s in enumerate(seqs):  # left padding: every row's last token is column T-1
-            ids[i, T - len(s) :] = torch.tensor(s)
-            mask[i, T - len(s) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        ids, mask, pos = (self._up(x) for x in (ids, mask, pos))
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = torch.tensor(s)
+        pos = torch.arange(T).repeat(N, 1)
+        ids, pos, last = (self._up(x) for x in (ids, pos, lens - 1))
         cache = DynamicCache()
-        hidden = self._forward(ids, mask, pos, cache)
+        hidden = self._forward(ids, None, pos, cache)
         if self._routing is not None:
             routing = self._routing.take(N, T)
             for i, (r, s) in enumerate(zip(rows, seqs, strict=True)):
-                r.routing = [routing[i, T - len(s) :]]  # left padding
+                r.routing = [routing[i, : len(s)]]
+        if int(lens.min()) < T:
+            # Column j of row i takes column (j - pad_i) mod T: its tokens end at column T-1.
+            src = self._up((torch.arange(T)[None, :] - (T - lens)[:, None]) % T)
+            for layer in cache.layers:
+                at = src[:, None, :, None].expand_as(layer.keys)
+                layer.keys, layer.values = layer.keys.gather(2, at), layer.values.gather(2, at)
         for r in rows:
             r.slot = len(self._slot_rows)
             self._slot_rows.append(r)
-        self._kv.add_rows(cache, [len(s) for s in seqs])
-        return self._head(hidden[:, -1])
+        self._kv.add_rows(cache, lens.tolist())
+        return self._head(hidden[torch.arange(N, device=self.device), last])
 
-    def _forward(self, ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, cache: Any):
+    def _forward(
+        self, ids: torch.Tensor, mask: torch.Tensor | None, pos: torch.Tensor, cache: Any
+    ) -> torch.Tensor:
         out = self.model.base_model(
             input_ids=ids,
             attention_mask=mask,
