@@ -30,9 +30,12 @@ Signals (`collapse/<name>`), one rule each:
 - `entropy_explosion`, `length_explosion`, `grad_norm_spike`, `kl_spike` (`dis/kl_k3` or
   `ppo/kl_k3`: the policy against the sampler), `mismatch_spike` (`mismatch/k3`: the learner's
   log-probs against the engine's), `masked_frac_spike` (`dis/masked_frac`, or `ppo/clip_frac`):
-  the raw value exceeds `factor * median + floor`, the median over the `baseline_window` values
-  before it. A median ignores earlier one-off spikes, and a jump is judged against where the
-  metric has been lately, so slow drift (lengths growing over a long run) does not fire.
+  the raw value exceeds `factor * median + floor`, the median being the larger of the median
+  over the `baseline_window` values before it and the median of the whole run so far. A median
+  ignores earlier one-off spikes, and a jump is judged against where the metric has been
+  lately, so slow drift (lengths growing over a long run) does not fire; the run's median keeps
+  a metric that has sunk (the gradient norm of a solved task: most batches carry almost
+  nothing, median 0.013 against 0.1 over the run) from turning its ordinary values into spikes.
   The KL and mismatch thresholds have floors of their own (`kl_floor`, `mismatch_floor`): a
   policy trained on 8-version-old rollouts is expected to differ from its sampler by a few
   hundredths of a nat, an engine from the learner on the same weights by almost nothing.
@@ -50,6 +53,7 @@ Missing, null and non-finite values are skipped (a NaN streak is the learner's t
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections import deque
@@ -254,23 +258,28 @@ class _Spike(_Rule):
         self.instant = cfg.spike_instant or None
         self.min_history = min(cfg.window, cfg.baseline_window)
         self.history: deque[float] = deque(maxlen=cfg.baseline_window)
+        self.everything: list[float] = []  # every value so far, sorted
         self.median = math.nan
 
     def judge(self, value: float) -> tuple[float | None, bool, float, float]:
         out: tuple[float | None, bool, float, float] = (None, False, math.nan, value)
         if self.factor > 0 and len(self.history) >= self.min_history:
-            self.median = statistics.median(self.history)
+            # The run's median too: once a task is solved, most batches carry almost no
+            # gradient, and the ordinary ones would look like spikes against the recent median.
+            run = self.everything
+            self.median = max(statistics.median(self.history), run[len(run) // 2])
             threshold = self.factor * self.median + self.floor
             if threshold > self.median:  # a median of 0 without a floor: no scale to judge by
                 score = _score(value, self.median, threshold)
                 out = (score, value > threshold, threshold, value)
         self.history.append(value)
+        bisect.insort(self.everything, value)
         return out
 
     def describe(self, metric: str, value: float, threshold: float) -> str:
         floor = f" + {self.floor:g}" if self.floor else ""
         return (
-            f"{metric} rose to {value:.4g}, above {self.factor:g} x its trailing median "
+            f"{metric} rose to {value:.4g}, above {self.factor:g} x its median "
             f"{self.median:.4g}{floor}"
         )
 

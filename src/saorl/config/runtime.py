@@ -124,7 +124,8 @@ class CollapseConfig(_Section):
     baseline_window: int = Field(
         50,
         ge=2,
-        description="steps in the trailing median a spike is measured against",
+        description="steps in the trailing median a spike is measured against (or the whole "
+        "run's median, when higher)",
     )
     reward_drop: float = Field(
         0.5,
@@ -158,7 +159,7 @@ class CollapseConfig(_Section):
     entropy_high: float = Field(
         3.0,
         ge=0,
-        description="entropy explosion: policy/entropy above this x its trailing median; 0 = off",
+        description="entropy explosion: policy/entropy above this x its median; 0 = off",
     )
     length_low: float = Field(
         0.3,
@@ -176,13 +177,13 @@ class CollapseConfig(_Section):
     grad_norm_spike: float = Field(
         10.0,
         ge=0,
-        description="policy/grad_norm (before clipping) above this x its trailing median; 0 = off",
+        description="policy/grad_norm (before clipping) above this x its median; 0 = off",
     )
     kl_spike: float = Field(
         10.0,
         ge=0,
         description="dis/kl_k3 or ppo/kl_k3 (policy vs sampler) and mismatch/k3 (learner vs "
-        "engine) above this x their trailing median + kl_floor; 0 = off",
+        "engine) above this x their median + kl_floor; 0 = off",
     )
     kl_floor: float = Field(
         0.05,
@@ -206,7 +207,7 @@ class CollapseConfig(_Section):
     masked_frac_spike: float = Field(
         3.0,
         ge=0,
-        description="dis/masked_frac (or ppo/clip_frac) above this x its trailing median + "
+        description="dis/masked_frac (or ppo/clip_frac) above this x its median + "
         "masked_frac_floor; 0 = off",
     )
     masked_frac_floor: float = Field(
