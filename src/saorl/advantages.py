@@ -115,10 +115,11 @@ def skip_observation_gae(
     device = rewards.device
     coef = gamma * _per_row(lam, batch, dtype, device)
 
-    counts = m.sum(dim=1)
-    n = int(counts.max()) if m.numel() > 0 else 0
+    # One slot per position: the most action tokens a row can have, known without reading the
+    # mask back from the device. Slots past a row's last action token stay 0 (see below).
+    n = m.shape[1]
     advantages = torch.zeros(m.shape, dtype=dtype, device=device)
-    if n == 0:
+    if m.numel() == 0:
         return advantages, advantages.clone()
 
     # Slot k of row b holds that row's k-th action token; non-action tokens all go to a dump

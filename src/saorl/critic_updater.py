@@ -50,12 +50,13 @@ from saorl.types import Batch
 
 
 class CriticUpdate(NamedTuple):
-    """What the K critic updates of a step report: the last update's value loss (this rank's
-    share when sharded) and gradient norm, and how many of the K steps were skipped."""
+    """What the K critic updates of a step report, as 0-dim tensors (read at the learner's
+    metrics sync): the last update's value loss (this rank's share when sharded) and gradient
+    norm, and how many of the K steps were skipped for a non-finite gradient."""
 
     loss: torch.Tensor
     grad_norm: torch.Tensor
-    skipped: int
+    skipped: torch.Tensor
 
 
 def share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
@@ -113,6 +114,7 @@ class CriticUpdater:
         self.opt = critic_optimizer(self.params, self.cfg.critic)
 
     def micro_batches(self, b: Batch) -> list[MicroBatch]:
+        """The plan from the rows' lengths: a host read, free while `b` is still on the CPU."""
         lengths = b.attention_mask.sum(-1).tolist()
         return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
 
@@ -130,8 +132,8 @@ class CriticUpdater:
         value targets are kept for `start_update`. `micro`: the learner's micro-batches of
         `batch`, when its plan is this updater's (saves planning twice)."""
         algo = self.cfg.algorithm
+        micro = micro if micro is not None else self.micro_batches(batch)  # before it moves
         b = batch.to(self.device)
-        micro = micro if micro is not None else self.micro_batches(b)
         # Observation tokens enter GAE (and the value loss) only when skipping them is
         # switched off (an ablation).
         gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
@@ -189,16 +191,17 @@ class CriticUpdater:
         self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor
     ) -> CriticUpdate:
         """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy)."""
-        skipped = 0
+        skipped = torch.zeros((), dtype=torch.long, device=self.device)
         for _ in range(self.cfg.critic.updates_per_step):
             loss, norm, ok = self.update_once(b, micro, values, returns)
-            skipped += int(not ok)
+            skipped = skipped + (~ok).to(skipped.device, torch.long)
         return CriticUpdate(loss, norm, skipped)
 
     def update_once(
         self, b: Batch, micro: list[MicroBatch], old_values: torch.Tensor, returns: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-        """One critic optimizer step on the value loss: `(this rank's loss, norm, stepped)`."""
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One critic optimizer step on the value loss: `(this rank's loss, norm, stepped)`,
+        0-dim tensors (`Sharding.optimizer_step`)."""
         cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
         # Every position GAE reads a value at is trained (observations too, when not skipped).
         targets = "action_mask" if self.cfg.algorithm.skip_observations else "completion_mask"

@@ -25,9 +25,17 @@ run while this class runs step 4, on a thread of their own; the step's numbers a
 
 This class is written for one process. Sharding over several ranks (FSDP2) changes what
 `self.sharding` does (`saorl.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this code.
-Metrics stay tensors until the end of a step, so no micro-batch waits for the device: a step
-syncs once per optimizer step (whether the gradient is finite decides whether it steps), once
-per planning of micro-batches (row lengths) and once for its metrics.
+Nothing in a step waits for the device but its metrics, read once at its end. Losses and
+metrics stay tensors until then. The micro-batch plan and `running_mean`'s scores are read from
+the batch while it is still on the CPU, before it moves to the device. Whether an optimizer
+step was taken (its gradient was finite) is a device flag: the fused AdamW skips a non-finite
+update on the device (`saorl.sharding.step_unless_nonfinite`), and the flags travel with the
+metrics sync. The counters follow from them after the sync: the policy version, the lr schedule
+(stepped once per update taken) and the skipped steps, with the same values as when each step
+was decided on the host. One exception keeps a sync: with `algorithm.minibatches > 1` during the
+lr warm-up, the next mini-batch's lr depends on whether this one stepped, so that flag is read
+at once. The critic's `OffloadedAdamW` also reads its flag on the host (its gradients go to the
+CPU anyway).
 """
 
 from __future__ import annotations
@@ -52,7 +60,7 @@ from saorl.losses import (
     positive_lm_loss,
     ppo_clip_policy_loss,
 )
-from saorl.models.loading import compute_precision, save_pretrained
+from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.lora import add_lora, merged_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
@@ -98,9 +106,7 @@ class Learner:
         self.policy_fwd = PolicyLogprobs(self.policy)
         self.sharding.shard(self.policy_fwd)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad]
-        self.policy_opt = torch.optim.AdamW(
-            self.policy_params, lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
-        )
+        self.policy_opt = adamw(self.policy_params, cfg.learner.lr, cfg.learner.weight_decay)
         warm = cfg.learner.lr_warmup_steps
         # Stepped once per policy update: update i (from 0) runs at lr * min(1, (i + 1) / warm).
         self.policy_sched = torch.optim.lr_scheduler.LambdaLR(
@@ -124,17 +130,19 @@ class Learner:
     def step(self, batch: Batch) -> dict[str, Any]:
         """One learner step on a batch: advantages (and critic updates), then the policy."""
         cfg, algo = self.cfg, self.cfg.algorithm
+        # Host reads from the batch while it is on the CPU (where the loop hands it over).
+        lengths = batch.attention_mask.sum(-1).tolist()
         b = batch.to(self.device)
         mask = b.action_mask
         m = StepMetrics()
-        micro = self._micro_batches(b)
+        micro = self._micro_batches(lengths)
         skipped_before = self.skipped_steps
         warmup, critic = False, self.critic_updater
         gae = algo.advantage == "gae"
         if gae:
             # 1-2. Values before any critic update -> advantages (and the critic's targets).
             local = isinstance(critic, CriticUpdater) and critic.device == self.device
-            advantages, vm = critic.prepare(b, micro if local else None)
+            advantages, vm = critic.prepare(b, micro) if local else critic.prepare(batch)
             advantages = advantages.to(self.device)
             for key, value in vm.items():
                 m.set(key, value)
@@ -143,10 +151,12 @@ class Learner:
             warmup = self.steps < cfg.critic.warmup_steps
         elif algo.advantage == "group":
             # GRPO: the group-normalised outcome, the same on every action token of a row.
-            seq_adv = group_normalized_advantages(b.scores, b.group_ids).to(mask.dtype)
+            # On the CPU batch: finding the groups (torch.unique) would wait for the device.
+            seq_adv = group_normalized_advantages(batch.scores, batch.group_ids)
+            seq_adv = seq_adv.to(device=mask.device, dtype=mask.dtype)
             advantages = seq_adv[:, None] * mask
         elif algo.advantage == "running_mean":
-            pairs = zip(b.prompt_keys, b.scores.tolist(), strict=True)
+            pairs = zip(b.prompt_keys, batch.scores.tolist(), strict=True)
             seq_adv = torch.tensor([self.baseline.advantage(k, r) for k, r in pairs],
                                    dtype=mask.dtype, device=mask.device)  # fmt: skip
             advantages = seq_adv[:, None] * mask
@@ -161,15 +171,19 @@ class Learner:
         policy_metrics: dict[str, Any] = {}
         try:
             if not warmup:
-                policy_metrics = self._update_policy(b, micro, advantages, m)
+                policy_metrics = self._update_policy(b, lengths, micro, advantages, m)
         finally:
             if gae:  # joined even when the policy update failed: no update left running
                 done = critic.finish()
         if gae:
             m.add("loss/value", done.loss)  # the last of the K updates
             m.set("critic/grad_norm", done.grad_norm)
-            self.skipped_steps += done.skipped
+            m.set("_skipped/critic", torch.as_tensor(done.skipped))
+        # The step's one sync; the step flags it carries settle the counters.
         metrics: dict[str, Any] = {**self.sharding.floats(m), **policy_metrics}
+        self.skipped_steps += round(metrics.pop("_skipped/critic", 0))
+        flags = sorted(k for k in metrics if k.startswith("_ok/"))
+        self._settle([bool(metrics.pop(k)) for k in flags])
         metrics["learner/warmup"] = float(warmup)
         if warmup:
             # No policy update yet: the policy keys are logged as null so every row of
@@ -185,9 +199,17 @@ class Learner:
         metrics.update(self.replay.take_metrics() if self.replay else {})
         return metrics
 
-    def _micro_batches(self, b: Batch) -> list[MicroBatch]:
-        lengths = b.attention_mask.sum(-1).tolist()
+    def _micro_batches(self, lengths: list[int]) -> list[MicroBatch]:
         return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
+
+    def _settle(self, stepped: list[bool]) -> None:
+        """Counters after policy optimizer steps whose flags were read: the version and the lr
+        schedule advance per step taken; a step not taken is counted as skipped."""
+        for ok in stepped:
+            self.skipped_steps += int(not ok)
+            if ok:
+                self.version += 1
+                self.policy_sched.step()
 
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
         with self._amp(), replay_routing(self.replay, mb):  # mixed precision, MoE routing replay
@@ -198,13 +220,15 @@ class Learner:
             )  # fmt: skip
 
     def _update_policy(
-        self, b: Batch, micro: list[MicroBatch], advantages: torch.Tensor, m: StepMetrics
-    ) -> dict[str, float]:
+        self, b: Batch, lengths: list[int], micro: list[MicroBatch], advantages: torch.Tensor,
+        m: StepMetrics,
+    ) -> dict[str, float]:  # fmt: skip
         """`algorithm.minibatches` policy optimizer steps, one per mini-batch of rows.
 
         Each token's ratio is taken against a reference: for DIS the log-probs the engine
         recorded when it sampled the token; for PPO clip the old policy, i.e. these weights at
-        the start of the step, recomputed here (docs/design.md section 1).
+        the start of the step, recomputed here (docs/design.md section 1). Whether each
+        optimizer step was taken goes into `m` as `_ok/<i>`, for `step` to settle.
         """
         algo = self.cfg.algorithm
         if algo.policy_loss == "ppo_clip":
@@ -221,30 +245,40 @@ class Learner:
         n_mb = min(algo.minibatches, b.size)  # a short batch gets no empty mini-batch
         bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
         last: dict[str, float] = {}
-        for lo, hi in itertools.pairwise(bounds):
+        pending: list[torch.Tensor] = []  # flags of the steps taken here, not yet settled
+        warm = self.cfg.learner.lr_warmup_steps
+        for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
             part = b.select(slice(lo, hi))
             part_pos = part.action_mask * positive[lo:hi, None]
-            for mb in self._micro_batches(part):
+            # The policy version now: a device tensor while some steps are unsettled.
+            version = self.version + sum(ok.long() for ok in pending) if pending else self.version
+            for mb in self._micro_batches(lengths[lo:hi]):
                 adv, ref, pos = (x[lo:hi][mb.rows] for x in (advantages, reference, positive))
                 with replay_routing(self.replay, part.select(mb.rows)):  # and layers' recompute
-                    self._policy_micro_step(part, mb, adv, ref, (pos, part_pos), 1.0 / n_mb, m)
+                    self._policy_micro_step(part, mb, adv, ref, (pos, part_pos), 1.0 / n_mb, m,
+                                            version)  # fmt: skip
             last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
             norm, ok = self.sharding.optimizer_step(
                 self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
             )
-            self.skipped_steps += int(not ok)
-            if ok:
-                self.version += 1
-                self.policy_sched.step()
+            m.set(f"_ok/{i:04d}", ok)
+            pending.append(ok)
             m.set("policy/grad_norm", norm)
+            if i + 1 < n_mb and warm and self.policy_sched.last_epoch + 1 < warm:
+                # In the lr warm-up the next mini-batch's lr depends on this step: read now.
+                self._settle([bool(ok)])
+                m.values.pop(f"_ok/{i:04d}")
+                pending = []
         return last
 
     def _policy_micro_step(
         self, part: Batch, mb: MicroBatch, advantages: torch.Tensor, reference: torch.Tensor,
         positive: tuple[torch.Tensor, torch.Tensor], scale: float, m: StepMetrics,
+        version: int | torch.Tensor,
     ) -> None:  # fmt: skip
         """Forward and backward of the policy loss on micro-batch `mb` of mini-batch `part`,
-        weighted by its share of `part`; metrics weighted by that share times `scale`."""
+        weighted by its share of `part`; metrics weighted by that share times `scale`.
+        `version`: the policy's version (a device tensor while earlier steps are unsettled)."""
         algo = self.cfg.algorithm
         x = part.select(mb.rows)
         mask = x.action_mask
@@ -288,7 +322,7 @@ class Learner:
                 m.add(key, value * w, scale)
         # Engine/learner log-prob agreement, which DIS relies on, on the tokens the policy held
         # here sampled (older ones would measure staleness); finished by `_finish_mismatch`.
-        current = mask.bool() & (x.versions == self.version)
+        current = mask.bool() & (x.versions == version)
         mm = logprob_mismatch(logprobs.detach(), x.rollout_logprobs, current, tensors=True)
         n = mm["mismatch/tokens"] * mb.weight
         m.add("mismatch/tokens", n)

@@ -8,7 +8,8 @@ policy and critic are sharded over several ranks goes through one `Sharding` obj
 - `map_rows(batch, micro, fn)`: a per-row computation over this process's rows, whole `(B, T)`
   back (here: just run it);
 - `grad_norm(params, clip)`: clip and return the global gradient norm;
-- `optimizer_step(params, opt, clip)`: clip, and step unless the gradient is not finite;
+- `optimizer_step(params, opt, clip)`: clip, and step unless the gradient is not finite
+  (decided on the device: `step_unless_nonfinite`);
 - `for_critic()`: a `Sharding` for a critic that updates beside the policy (sharded: over a
   process group of its own, so that the two never interleave collectives; `saorl.critic_updater`);
 - `floats(metrics)`: a step's metrics as python floats, combined over ranks, in one sync;
@@ -18,6 +19,13 @@ policy and critic are sharded over several ranks goes through one `Sharding` obj
 `saorl.distributed.fsdp.FSDPSharding` implements the same methods with FSDP2 over a
 `torch.distributed` group. `StepMetrics` collects a step's metrics as detached tensors so that
 nothing waits for the device until the step ends.
+
+Whether an optimizer step was taken is a device tensor too. A fused AdamW
+(`saorl.models.loading.adamw`) is handed `found_inf`, as `torch.amp.GradScaler` does: the
+kernel leaves weights and moments as they are when it is set, and the step count is undone, all
+on the device. The caller learns whether the step was taken at its metrics sync. Another
+optimizer (the critic's `OffloadedAdamW`, a device without the fused kernel) is stepped after a
+host read of the flag, one sync per optimizer step.
 """
 
 from __future__ import annotations
@@ -85,6 +93,37 @@ def stacked_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
     return dict(zip(keys, vals, strict=True))
 
 
+def step_unless_nonfinite(opt: Any, ok: torch.Tensor) -> None:
+    """`opt.step()` unless `ok` (a 0-dim bool tensor) is false: decided on the device for a
+    fused Adam/AdamW, after a host read of `ok` for any other optimizer."""
+    fused = isinstance(opt, torch.optim.Adam | torch.optim.AdamW) and all(
+        g.get("fused") for g in opt.param_groups
+    )
+    if not fused:
+        if bool(ok):
+            opt.step()
+        return
+    # Read by the fused kernel, which skips the update when it is nonzero; removed after, so
+    # that no later `step` (a checkpoint test, a tool) sees a stale flag.
+    opt.found_inf = (~ok).to(torch.float32)
+    try:
+        opt.step()
+    finally:
+        del opt.found_inf
+
+
+def own_fused_flags(opt: Any, opt_state: dict[str, Any]) -> dict[str, Any]:
+    """`opt_state` with `opt`'s own `fused` setting: loading a state replaces the parameter
+    groups' options, and a checkpoint written by an unfused AdamW would otherwise turn this
+    one's on-device skipping off (its `step` counts are moved to fit by `load_state_dict`)."""
+    groups = opt_state.get("param_groups")
+    if not groups or len(groups) != len(opt.param_groups):
+        return opt_state  # not a torch optimizer's state (the offloaded one), or a misfit
+    pairs = zip(groups, opt.param_groups, strict=True)
+    own = [{**saved, "fused": g.get("fused")} for saved, g in pairs]
+    return {**opt_state, "param_groups": own}
+
+
 class Sharding:
     """One process: the whole batch, the whole model, nothing to combine."""
 
@@ -112,15 +151,12 @@ class Sharding:
 
     def optimizer_step(
         self, params: list[nn.Parameter], opt: torch.optim.Optimizer, clip: float
-    ) -> tuple[torch.Tensor, bool]:
-        """Clip and step unless the gradient is not finite; `(norm before clipping, stepped)`.
-
-        The one device sync per optimizer step: whether to step depends on the norm.
-        """
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Clip and step unless the gradient is not finite; `(norm before clipping, stepped)`,
+        both 0-dim device tensors (no host sync with a fused AdamW)."""
         norm = self.grad_norm(params, clip)
-        ok = bool(torch.isfinite(norm))
-        if ok:
-            opt.step()
+        ok = torch.isfinite(norm)
+        step_unless_nonfinite(opt, ok)
         opt.zero_grad(set_to_none=True)
         return norm, ok
 
@@ -151,4 +187,4 @@ class Sharding:
         if opt is not None:
             if opt_state is None:
                 raise KeyError("the optimizer state is missing")
-            opt.load_state_dict(opt_state)
+            opt.load_state_dict(own_fused_flags(opt, opt_state))

@@ -32,7 +32,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from saorl.sharding import MicroBatch, Plan, Sharding, StepMetrics, stacked_floats
+from saorl.sharding import (
+    MicroBatch,
+    Plan,
+    Sharding,
+    StepMetrics,
+    own_fused_flags,
+    stacked_floats,
+)
 from saorl.types import Batch
 
 
@@ -218,7 +225,7 @@ def load_full_state(
     if opt is not None:
         # Cloned: non-sharded entries such as Adam's `step` would otherwise stay shared with
         # the optimizer the state came from (two learners stepping one counter).
-        opt_state = _copy_tree(opt_state or {}, clone=True)
+        opt_state = own_fused_flags(opt, _copy_tree(opt_state or {}, clone=True))
         set_optimizer_state_dict(module, opt, opt_state, options=_options(broadcast=True))
 
 

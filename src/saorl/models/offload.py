@@ -28,7 +28,9 @@ class OffloadedAdamW:
         self.params = list(params)
         pin = torch.cuda.is_available()  # pinned host memory: faster, asynchronous-capable copies
         self.master = [self._host(p.detach(), pin) for p in self.params]
-        self.inner = torch.optim.AdamW(self.master, lr=lr, weight_decay=weight_decay)
+        # Fused, like the in-device critic optimizer (`saorl.models.loading.adamw`): the same
+        # arithmetic, so offloading changes where the step runs, not its rounding.
+        self.inner = torch.optim.AdamW(self.master, lr=lr, weight_decay=weight_decay, fused=True)
 
     @staticmethod
     def _host(t: torch.Tensor, pin: bool) -> torch.Tensor:
