@@ -141,6 +141,8 @@ def cpu_expert_layers(llm: Any) -> list[Experts]:
 def repack_cpu_experts(layers: list[Experts], state: dict[str, torch.Tensor]) -> int:
     """Prepack the expert weights of `layers` that hold `state`'s checkpoint values as pushed
     (transformers' fused `experts.gate_up_proj` / `experts.down_proj`); how many it repacked."""
+    if not layers:  # a dense model, or no CPU MoE kernel: nothing to import or repack
+        return 0
     from vllm._custom_ops import cpu_prepack_moe_weight
 
     done = 0
