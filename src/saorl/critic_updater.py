@@ -122,7 +122,7 @@ class CriticUpdater:
         """Values of the rows of `mb` (grad mode as the caller has it)."""
         packed = self.cfg.learner.micro_batch_tokens > 0
         with self._amp():  # learner.mixed_precision
-            return self.critic(mb.input_ids, mb.attention_mask, packed=packed)
+            return self.critic(mb.input_ids, mb.attention_mask, packed=packed, lengths=mb.lengths)
 
     # -- one step ------------------------------------------------------------------------------
     def prepare(

@@ -216,7 +216,7 @@ class Learner:
             return self.policy_fwd(
                 mb.input_ids, mb.attention_mask, temperature=self.cfg.rollout.temperature,
                 chunk_size=self.cfg.model.logprob_chunk_size, return_entropy=return_entropy,
-                packed=self.cfg.learner.micro_batch_tokens > 0,
+                packed=self.cfg.learner.micro_batch_tokens > 0, lengths=mb.lengths,
             )  # fmt: skip
 
     def _update_policy(

@@ -98,6 +98,9 @@ class Batch:
     stop_reasons: list[str]
     prompt_keys: list[str]
     routing: torch.Tensor | None = None
+    # Each row's number of real tokens, on the host: lets a forward pass choose its attention
+    # mask without reading `attention_mask` back from the device. None: not known.
+    lengths: list[int] | None = None
 
     @property
     def size(self) -> int:
@@ -161,6 +164,7 @@ class Batch:
             stop_reasons=[t.stop_reason for t in trajs],
             prompt_keys=[t.prompt_key for t in trajs],
             routing=_pad_routing(trajs, T),
+            lengths=lengths,
         )
 
 

@@ -220,3 +220,46 @@ def test_the_step_reads_the_device_once_for_its_metrics(tiny_policy, overrides, 
     with _LearnerReads() as reads:
         learner.step(batch)
     assert reads.calls == expected
+
+
+class _LibraryReads(TorchFunctionMode):
+    """Host reads made from transformers' and saorl's model files (`transformers/...` or
+    `saorl/models/...`), as `(call, file)`: the mask code of the forwards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[str, str]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in _READS or func in (torch.equal, torch.Tensor.nonzero, torch.nonzero):
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename == __file__:
+                frame = frame.f_back
+            path = frame.f_code.co_filename if frame is not None else ""
+            if "/transformers/" in path or "/saorl/models/" in path:
+                self.calls.append((func.__name__, path.rsplit("/", 1)[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("layout", ["learner.micro_batch_size=3", "learner.micro_batch_tokens=10"])
+def test_the_forwards_read_nothing_in_the_mask_code(tiny_policy, attn, layout):
+    """Padded (rows with and without padding) and packed micro-batches (several sequences, and
+    a row longer than the budget alone): the policy and critic forwards and backwards of a
+    step read nothing back in transformers' mask code; packing reads the mask (`nonzero`)."""
+    policy, _ = tiny_policy
+    cfg = tiny_config("critic.warmup_steps=0", "learner.batch_size=8",
+                      f"model.attn_implementation={attn}", layout)  # fmt: skip
+    learner = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+    batch = _batch(policy, seed=1)
+    lengths = batch.attention_mask.sum(-1)
+    assert lengths.min() < batch.attention_mask.shape[1] and lengths.max() > 10
+    with _LibraryReads() as reads:
+        learner.step(batch)
+    packed = "tokens" in layout
+    # The batch carries its rows' lengths (Batch.lengths), so the mask code reads nothing; with
+    # the mask on the CPU, as here, pack_rows checks those lengths against it (host reads).
+    # (On a device, pack_rows builds the layout from the host lengths and reads nothing.)
+    allowed = {"equal", "tolist", "__int__"} if packed else set()
+    assert {c for c, _ in reads.calls} <= allowed, reads.calls
+    assert all(f == "packing.py" for _, f in reads.calls), reads.calls

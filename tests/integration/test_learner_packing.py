@@ -83,6 +83,38 @@ def test_pack_rows_layout_and_left_padding_error():
     assert out.tolist() == [[0.0, 11.0, 12.0, 0.0], [0.0, 14.0, 0.0, 0.0]]
     with pytest.raises(ValueError, match="right-padded"):
         pack_rows(ids, torch.tensor([[0, 1, 1, 1], [1, 1, 0, 0]]))
+    # From the host lengths: the same layout without reading the mask (checked on a CPU mask).
+    pk2 = pack_rows(ids, mask, [3, 2])
+    assert torch.equal(pk2.rows, pk.rows) and torch.equal(pk2.cols, pk.cols)
+    with pytest.raises(ValueError, match="not the mask's"):
+        pack_rows(ids, mask, [2, 3])
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_host_lengths_change_nothing(tiny_policy, attn):
+    """With the rows' lengths the forwards drop masks that mask nothing (rows without padding,
+    one packed sequence): the same log-probs, entropies and values as without them."""
+    policy, _ = tiny_policy
+    policy = copy.deepcopy(policy)
+    policy.set_attn_implementation(attn)
+    b = _batch(policy, n=6, seed=3)
+    critic = Critic(policy)
+    torch.nn.init.normal_(critic.value_head.weight)
+    full = torch.ones_like(b.attention_mask)
+    for ids, mask in (
+        (b.input_ids, b.attention_mask),
+        (b.input_ids, full),
+        (b.input_ids[:1], full[:1]),
+    ):
+        lengths = mask.sum(-1).tolist()
+        for packed in (False, True):
+            ref = sequence_logprobs(policy, ids, mask, return_entropy=True, packed=packed)
+            out = sequence_logprobs(policy, ids, mask, return_entropy=True, packed=packed,
+                                    lengths=lengths)  # fmt: skip
+            for x, y in zip(out, ref, strict=True):
+                torch.testing.assert_close(x, y, **TOL)
+            v = critic(ids, mask, packed=packed, lengths=lengths)
+            torch.testing.assert_close(v, critic(ids, mask, packed=packed), **TOL)
 
 
 def test_token_budget_plan():

@@ -14,14 +14,14 @@ freezes the adapters inside attention modules too (they are parameters of those 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from saorl.config import Config
-from saorl.models.logprobs import backbone_hidden
+from saorl.models.logprobs import pack_or_pad
 from saorl.models.lora import add_lora
-from saorl.models.packing import pack_rows
 
 
 class Critic(nn.Module):
@@ -43,17 +43,15 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
-    ) -> torch.Tensor:
-        if packed:
-            pk = pack_rows(input_ids, attention_mask)
-            hidden = backbone_hidden(self.backbone, pk.input_ids, None, pk.position_ids)
-        else:
-            hidden = backbone_hidden(self.backbone, input_ids, attention_mask)
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False,
+        lengths: Sequence[int] | None = None,
+    ) -> torch.Tensor:  # fmt: skip
+        """`(B, T)` values; `lengths` as in `sequence_logprobs` (the rows' lengths, on the host)."""
+        hidden, pk = pack_or_pad(self.backbone, input_ids, attention_mask, packed, lengths)
         v = self.value_head(hidden).squeeze(-1).float()  # value of the state after each token
         # Shift right by one: values[:, t] = head(hidden[:, t-1]).
         v = torch.cat([torch.zeros_like(v[:, :1]), v[:, :-1]], dim=1)
-        return pk.unpack(v) if packed else v
+        return pk.unpack(v) if pk is not None else v
 
 
 def freeze_attention(module: nn.Module) -> list[str]:

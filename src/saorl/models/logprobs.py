@@ -10,10 +10,29 @@ At a 150k vocabulary and 1024 positions the peak is ~0.2x that of full logits
 
 With `packed=True` the rows are packed into one row without padding (`saorl.models.packing`)
 and the results are scattered back to the padded `(B, T)` layout, so callers cannot tell.
+
+Attention masks are built here, on the device, for the sdpa and eager kernels (`ready_mask`):
+given a 2-D mask or packed position ids, transformers 5 reads the device back to decide whether
+the mask can be dropped for sdpa's `is_causal` (`masking_utils._ignore_causal_mask_sdpa`,
+`find_packed_sequence_indices`), a host sync in every forward. A ready 4-D mask is passed
+through untouched, as the HF engine does in decoding. The mask is the one transformers would
+build: `(B, 1, T, T)` boolean (sdpa) or additive in the embeddings' dtype (eager), and a packed
+row of L tokens gets an `(1, 1, L, L)` block-diagonal causal mask, L^2 bytes for sdpa (eager
+materialises `(H, L, L)` scores anyway). When it is known on the host that there is nothing to
+mask (a packed micro-batch of one row; or from `lengths`: every row full, one sequence packed),
+no mask is passed and sdpa keeps `is_causal` (no T x T memory, the flash kernel); without
+`lengths` a padded micro-batch always gets its mask, even when no row is padded. Models whose
+forward takes a per-layer-type mapping get `{"full_attention": None}`, which skips the mask
+code and its read too; others run it (one read) to keep `is_causal`. flash_attention_2, other
+kernels and models with sliding-window layers (one 4-D mask would serve every layer) keep
+transformers' own path.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -21,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from saorl.models.packing import pack_rows
+from saorl.models.packing import PackedRows, pack_rows
 
 
 def _chunk_logprobs(
@@ -95,18 +114,92 @@ class _FusedChunkLogprobs(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
+def _full_attention_only(config: Any) -> bool:
+    """No sliding-window layer: one causal mask serves every layer."""
+    types = getattr(config, "layer_types", None) or []
+    no_window = getattr(config, "sliding_window", None) is None
+    return no_window and all(t == "full_attention" for t in types)
+
+
+@functools.cache
+def _takes_mask_mapping(cls: type) -> bool:
+    """Whether `cls.forward` takes a ready per-layer-type mask mapping (most transformers 5
+    decoders: Qwen2/3, Mistral, ...), which skips the mask code; Llama and Qwen3-MoE do not."""
+    try:
+        src = inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return False
+    return "causal_mask_mapping := attention_mask, dict" in src
+
+
+def ready_mask(
+    backbone: nn.Module, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+) -> torch.Tensor:
+    """The 4-D mask transformers would build, built on the device without reading it back.
+
+    Padded rows (`attention_mask` `(B, T)`, position ids None): causal and not a padding key.
+    A packed row (`attention_mask` None, position ids `(1, L)` restarting at 0 per sequence):
+    causal within each sequence. Boolean (True = attend) for sdpa; for eager, 0 / the dtype's
+    minimum in the embeddings' dtype (the dtype of transformers' own eager mask).
+    """
+    ref = attention_mask if attention_mask is not None else position_ids
+    assert ref is not None
+    n = ref.shape[-1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=ref.device).tril_()  # [q, kv]: kv <= q
+    if attention_mask is not None:
+        mask = causal[None] & attention_mask.bool()[:, None, :]
+    else:
+        seq = (position_ids == 0).cumsum(-1)  # which sequence of the packed row a token is in
+        mask = causal[None] & (seq[:, :, None] == seq[:, None, :])
+    mask = mask[:, None]
+    if backbone.config._attn_implementation == "eager":
+        emb = backbone.get_input_embeddings()
+        dtype = emb.weight.dtype if emb is not None else next(backbone.parameters()).dtype
+        zero = torch.zeros((), dtype=dtype, device=mask.device)
+        mask = torch.where(mask, zero, torch.finfo(dtype).min)
+    return mask
+
+
 def backbone_hidden(
     backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None, nothing_masked: bool = False,
 ) -> torch.Tensor:  # fmt: skip
-    """Last hidden states; `use_cache=False` because a KV cache also disables packing detection."""
+    """Last hidden states of padded rows (`attention_mask`) or a packed row (`position_ids`).
+
+    sdpa/eager get a ready mask (`ready_mask`): no host read. `nothing_masked`: the caller
+    knows on the host that no row has padding (or the packed row holds one sequence), so sdpa
+    gets no mask and keeps `is_causal`. `use_cache=False`: a KV cache also disables
+    transformers' packing detection (the path other kernels take).
+    """
+    config = backbone.config
+    attn = config._attn_implementation
+    if attn not in ("sdpa", "eager") or not _full_attention_only(config):
+        mask: Any = attention_mask  # transformers' own mask code
+    elif attn == "eager" or not nothing_masked:  # eager has no is_causal: always a mask
+        mask = ready_mask(backbone, attention_mask, position_ids)
+    else:
+        # Positions 0.. are the default (full rows, or one packed sequence). Without a mapping
+        # the model runs transformers' mask code: one read, and is_causal.
+        position_ids = None
+        mask = {"full_attention": None} if _takes_mask_mapping(type(backbone)) else None
     out = backbone(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
+        input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False
     )
     return out.last_hidden_state
+
+
+def pack_or_pad(
+    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
+    lengths: Sequence[int] | None,
+) -> tuple[torch.Tensor, PackedRows | None]:  # fmt: skip
+    """`(hidden, packing)` of the rows: packed into one row, or padded as they are."""
+    if packed:
+        pk = pack_rows(input_ids, attention_mask, lengths)
+        # One row packs into one sequence: known from the shape, without `lengths`.
+        single = input_ids.shape[0] == 1 or (lengths is not None and sum(map(bool, lengths)) == 1)
+        return backbone_hidden(backbone, pk.input_ids, None, pk.position_ids, single), pk
+    full = lengths is not None and all(n == input_ids.shape[1] for n in lengths)
+    return backbone_hidden(backbone, input_ids, attention_mask, None, full), None
 
 
 def sequence_logprobs(
@@ -118,6 +211,7 @@ def sequence_logprobs(
     return_entropy: bool = False,
     packed: bool = False,
     impl: str = "fused",
+    lengths: Sequence[int] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """`logprobs[b, t] = log softmax(logits_{t-1} / temperature)[input_ids[b, t]]`, `(B, T)`.
 
@@ -127,14 +221,11 @@ def sequence_logprobs(
     right-padded rows run as one packed row (no padding tokens); padding positions get 0.
     With gradients, `impl="fused"` (a linear head) backpropagates each chunk by hand in one
     (chunk, V) buffer; `"checkpoint"` recomputes it under autograd (the reference path).
+    `lengths`: the rows' lengths when the caller has them on the host (same results; no mask
+    where none is needed, and packing without reading the mask back).
     """
-    if packed:
-        pk = pack_rows(input_ids, attention_mask)
-        ids = pk.input_ids
-        hidden = backbone_hidden(model.base_model, ids, None, pk.position_ids)
-    else:
-        ids = input_ids
-        hidden = backbone_hidden(model.base_model, ids, attention_mask)
+    hidden, pk = pack_or_pad(model.base_model, input_ids, attention_mask, packed, lengths)
+    ids = pk.input_ids if pk is not None else input_ids
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Linear):
         impl = "checkpoint"  # the fused backward needs a plain linear head
@@ -162,7 +253,7 @@ def sequence_logprobs(
     zeros = torch.zeros_like(ids[:, :1], dtype=torch.float32)
     logprobs = torch.cat([zeros, *outs], dim=1)
     entropy = torch.cat([zeros, *ents], dim=1) if return_entropy else None
-    if packed:
+    if pk is not None:
         logprobs = pk.unpack(logprobs)
         entropy = pk.unpack(entropy) if entropy is not None else None
     if entropy is not None:
@@ -185,8 +276,9 @@ class PolicyLogprobs(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
         chunk_size: int = 256, return_entropy: bool = False, packed: bool = False,
+        lengths: Sequence[int] | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
         return sequence_logprobs(
             self.model, input_ids, attention_mask, temperature=temperature,
-            chunk_size=chunk_size, return_entropy=return_entropy, packed=packed,
+            chunk_size=chunk_size, return_entropy=return_entropy, packed=packed, lengths=lengths,
         )  # fmt: skip

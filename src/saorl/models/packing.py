@@ -5,15 +5,17 @@ long-tailed lengths most of it is padding that the backbone and the vocabulary p
 pay for. Packed, the same rows form one row of exactly `sum(len_b)` tokens, and micro-batches
 are formed by a token budget instead of a row count.
 
-Attention cannot cross sequences because the position ids restart at 0 for every sequence and
-no attention mask is passed: transformers 5 then detects the packed layout from the position
-ids (`masking_utils.find_packed_sequence_indices`: a new sequence starts wherever the position
-does not grow by one) and builds a block-diagonal causal mask for the sdpa and eager kernels.
+Attention cannot cross sequences: for sdpa and eager, `saorl.models.logprobs.ready_mask` builds
+the block-diagonal causal mask on the device from the position ids, which restart at 0 for every
+sequence; for other kernels no attention mask is passed and transformers 5 detects the packed
+layout from the position ids (`masking_utils.find_packed_sequence_indices`: a new sequence
+starts wherever the position does not grow by one).
 `tests/integration/test_packing.py` checks log-probs, entropy and values against the padded path.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -42,17 +44,35 @@ class PackedRows:
         return out.index_put((self.rows, self.cols), vals)
 
 
-def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> PackedRows:
-    """Pack the real tokens of a right-padded `(B, T)` batch into one `(1, L)` row."""
-    lengths = attention_mask.sum(-1)
-    cols_all = torch.arange(input_ids.shape[1], device=input_ids.device)
-    if not torch.equal(attention_mask.bool(), cols_all[None, :] < lengths[:, None]):
-        raise ValueError(
-            "pack_rows: attention_mask must be right-padded (ones then zeros in every row), as "
-            "Batch.from_trajectories builds it; set learner.micro_batch_tokens=0 otherwise"
-        )
-    # nonzero walks the mask in row-major order: sequence b's tokens, then sequence b+1's.
-    rows, cols = attention_mask.nonzero(as_tuple=True)
+def pack_rows(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, lengths: Sequence[int] | None = None
+) -> PackedRows:
+    """Pack the real tokens of a right-padded `(B, T)` batch into one `(1, L)` row.
+
+    `lengths`: the rows' lengths, known on the host; the layout is then built there and copied
+    to the device, where finding it from the mask (`nonzero`) and checking that the mask is
+    right-padded would read the device back. The check still runs on a CPU mask (free).
+    """
+    device = input_ids.device
+    if lengths is None or attention_mask.device.type == "cpu":
+        lens = attention_mask.sum(-1)
+        cols_all = torch.arange(input_ids.shape[1], device=attention_mask.device)
+        if not torch.equal(attention_mask.bool(), cols_all[None, :] < lens[:, None]):
+            raise ValueError(
+                "pack_rows: attention_mask must be right-padded (ones then zeros in every row), "
+                "as Batch.from_trajectories builds it; set learner.micro_batch_tokens=0 otherwise"
+            )
+        if lengths is not None and lens.tolist() != list(lengths):
+            raise ValueError(f"pack_rows: lengths {list(lengths)} are not the mask's")
+    if lengths is None:
+        # nonzero walks the mask in row-major order: sequence b's tokens, then sequence b+1's.
+        rows, cols = attention_mask.nonzero(as_tuple=True)
+    else:
+        n = torch.tensor(list(lengths), dtype=torch.long)
+        rows = torch.repeat_interleave(torch.arange(len(n)), n)
+        starts = torch.cumsum(n, 0) - n  # each token's column: its index minus its row's start
+        cols = torch.arange(int(n.sum())) - torch.repeat_interleave(starts, n)
+        rows, cols = rows.to(device, non_blocking=True), cols.to(device, non_blocking=True)
     return PackedRows(
         input_ids=input_ids[rows, cols][None],
         position_ids=cols[None],
