@@ -346,11 +346,7 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
             except DamagedCheckpointError as e:
                 errors.append((path, f"its shards: {str(e).removeprefix(str(shards))}"))
                 continue
-            state["sharded"] = str(shards)
-            # Read whole, on first use, by a learner that is not sharded (saorl.distributed.dcp).
-            from saorl.distributed.dcp import whole_entries
-
-            state.update(whole_entries(str(shards), state.get("param_groups", {})))
+            state["sharded"] = str(shards)  # read by saorl.checkpoint_shards.open_sharded
         found = (path, state)
         break
     if quarantine:

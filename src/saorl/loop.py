@@ -31,6 +31,7 @@ import torch
 
 from saorl import interfaces
 from saorl.checkpoint import load_latest_checkpoint, save_step
+from saorl.checkpoint_shards import open_sharded
 from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.base import EnvSpec
@@ -88,7 +89,7 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
     state = None
     if resume:
         try:
-            state = load_latest_checkpoint(run_dir, quarantine=True)[1]
+            state = open_sharded(load_latest_checkpoint(run_dir, quarantine=True)[1])
         except FileNotFoundError as e:
             raise ConfigError(f"--resume: {e}") from e
     (run_dir / "config.toml").write_text(config_to_toml(cfg))  # a refused resume leaves it be

@@ -1,7 +1,7 @@
 """A sharded (FSDP, torch.distributed.checkpoint) checkpoint resumed by a single-process learner.
 
 Two gloo ranks write the checkpoint (tests/parity/reshard_worker.py); a learner without FSDP
-reads it whole (`saorl.distributed.dcp.WholeEntry`): weights and optimizer moments exactly as
+reads it whole (`saorl.checkpoint_shards.WholeEntry`): weights and optimizer moments exactly as
 saved, and the next step as the sharded learner took it. Shards that cannot be read give an
 error that says what the checkpoint is and how to resume it.
 """
@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from saorl.checkpoint import load_latest_checkpoint
+from saorl.checkpoint_shards import open_sharded
 from saorl.config import ConfigError
 from saorl.learner import Learner
 from saorl.models.loading import load_policy
@@ -46,6 +47,7 @@ def _plain_learner() -> tuple[Learner, object]:
 def test_a_single_process_learner_resumes_a_sharded_checkpoint(saved: Path):
     learner, batch = _plain_learner()
     _, state = load_latest_checkpoint(saved / "run")
+    state = open_sharded(state)  # what the loop does
     assert "sharded" in state
     learner.load_state(state)
     ref = torch.load(saved / "run.ref.pt", weights_only=True)  # the gathered state at the save
@@ -78,7 +80,7 @@ def test_unreadable_shards_say_what_the_checkpoint_is_and_how_to_resume_it(saved
     import shutil
 
     shutil.copytree(saved / "run", run)
-    _, state = load_latest_checkpoint(run)
+    state = open_sharded(load_latest_checkpoint(run)[1])
     for shard in Path(state["sharded"]).glob("*.distcp"):
         shard.write_bytes(shard.read_bytes()[:64])  # damaged after the metadata was checked
     learner, _ = _plain_learner()
