@@ -6,13 +6,19 @@
 
 One SAO learner step (critic values, K=2 critic updates, one DIS policy update over
 `--minibatches`) on one batch of long-tailed lengths (prompt 16 tokens + lognormal response,
-median 48, sigma 1, at most 384; packed micro-batches), by two learners built from the same
+median 48, sigma 1, at most 384; packed micro-batches), by learners built from the same
 weights: `sequential` (the K critic updates, then the policy update) and `concurrent` (the K
 updates on the critic's thread, beside the policy update). Their steps alternate, after one
-warm-up step each, so both see the same machine load; the figure is the median step time.
+warm-up step each, so all see the same machine load; the figure is the median step time.
 
-The sequential learner also times its parts: `prepare` (values and GAE), `critic_update` (the
-K updates) and the rest of the step (`policy`: the policy update and the metrics). The ideal
+A third learner, `separate_values`, runs the sequential step with the critic's values from a
+forward pass of their own (`CriticUpdater.fused` off), as a critic with dropout does; the
+sequential learner takes them from the first update's forward (`fused_values_speedup`).
+
+The sequential learner also times its parts: `prepare` (the first critic update's forward and
+backward, which yield the values, and GAE), `critic_update` (the first update's optimizer step
+and the K-1 other updates) and the rest of the step (`policy`: the policy update and the
+metrics). The ideal
 concurrent step is `step - min(critic_update, policy)`, the step with the shorter of the two
 hidden behind the longer. On CPU both threads compete for the same cores: with `--threads 1`
 (saorl's default `run.torch_threads`) each side runs on one core, so on an idle 2-core
@@ -85,10 +91,12 @@ def main() -> None:
     policy.to(device)
     batch = _batch(tok, policy, args.rows, seed=1)
     arms = {}
-    for name, flag in (("sequential", "false"), ("concurrent", "true")):
+    for name, flag in (("separate_values", "false"), ("sequential", "false"),
+                       ("concurrent", "true")):  # fmt: skip
         cfg = load_config(None, [*common, f"critic.concurrent={flag}"])
         torch.manual_seed(0)
         arms[name] = Learner(cfg, load_policy(cfg.model)[0], device)
+    arms["separate_values"].critic_updater.fused = False  # a values forward of their own
 
     # Parts of the sequential step, timed by wrapping the critic's two calls.
     seq = arms["sequential"].critic_updater
@@ -130,12 +138,13 @@ def main() -> None:
         "sequential_parts_s": {**p, "policy": policy_s},
         "ideal_concurrent_step_s": ideal,
         "speedup": med["sequential"] / med["concurrent"],
+        "fused_values_speedup": med["separate_values"] / med["sequential"],
         "ideal_speedup": med["sequential"] / ideal,
         "machine": machine(load, load_average_at_end=os.getloadavg()[0]),
     }
-    print(f"{'arm':<12}{'median step s':>14}")
+    print(f"{'arm':<16}{'median step s':>14}")
     for name, t in med.items():
-        print(f"{name:<12}{t:>14.3f}")
+        print(f"{name:<16}{t:>14.3f}")
     print(f"parts of the sequential step: {report['sequential_parts_s']}")
     print(f"speedup {report['speedup']:.2f}x, ideal {report['ideal_speedup']:.2f}x "
           f"(load average {load:.2f} at start)")  # fmt: skip

@@ -10,6 +10,12 @@ critic for two things, in this order:
 2. `start_update()` ... `finish()`: K critic optimizer steps on the value loss against those
    targets.
 
+The values of step 1 are the pre-update critic's outputs, which is what the forward pass of the
+first of the K updates computes: `prepare` runs that update's forward and backward and takes
+the values from it, and `start_update` begins with its optimizer step (one critic forward pass
+less per step). This needs a train-mode forward equal to the eval-mode one; with dropout or
+router noise in the critic (`stochastic_in_training`) the values get a forward of their own.
+
 After step 1 the K critic updates and the policy update are independent: each reads the batch
 and the pre-update values, and writes only its own weights and optimizer. With
 `critic.concurrent` the K updates run on a worker thread of their own (on `critic.device`, when
@@ -76,6 +82,20 @@ def plan_rows(cfg: Config, lengths: list[int]) -> list[list[int]]:
     return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
 
+def stochastic_in_training(module: nn.Module) -> bool:
+    """Whether `module`'s forward in train mode may differ from eval mode's: a dropout with
+    p > 0, or a config's dropout or router-jitter setting above 0."""
+    if any(isinstance(m, nn.Dropout) and m.p > 0 for m in module.modules()):
+        return True
+    for m in module.modules():
+        conf = getattr(m, "config", None)
+        for key, value in (vars(conf) if conf is not None else {}).items():
+            noisy = "dropout" in key or "jitter" in key
+            if noisy and isinstance(value, int | float) and not isinstance(value, bool) and value:
+                return True
+    return False
+
+
 def critic_device(cfg: Config, learner_device: torch.device) -> torch.device:
     """`critic.device`, or the learner's device when it is ''."""
     if not cfg.critic.device:
@@ -106,7 +126,12 @@ class CriticUpdater:
         self.new_optimizer()
         # One worker: the K updates of one step at a time, beside the policy update.
         self._pool = ThreadPoolExecutor(1, "critic") if cfg.critic.concurrent else None
-        self._prepared: tuple[Batch, list[MicroBatch], torch.Tensor, torch.Tensor] | None = None
+        # Every position GAE reads a value at is trained (observations too, when not skipped).
+        self._targets = "action_mask" if cfg.algorithm.skip_observations else "completion_mask"
+        # The values can come from the first update's forward when nothing random or
+        # mode-dependent runs in it (dropout, router noise) and there is a first update.
+        self.fused = cfg.critic.updates_per_step > 0 and not stochastic_in_training(self.critic)
+        self._prepared: tuple[Any, ...] | None = None
         self._pending: Future[CriticUpdate] | CriticUpdate | None = None
 
     def new_optimizer(self) -> None:
@@ -130,16 +155,40 @@ class CriticUpdater:
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Values before any update -> `(advantages, metrics)` on this updater's device; the
         value targets are kept for `start_update`. `micro`: the learner's micro-batches of
-        `batch`, when its plan is this updater's (saves planning twice)."""
+        `batch`, when its plan is this updater's (saves planning twice).
+
+        Where the critic's train-mode forward equals its eval-mode one (`self.fused`), the
+        values come from the forward pass of the first of the K updates, whose backward runs
+        here too (its optimizer step is `start_update`'s): one critic forward less per step."""
         algo = self.cfg.algorithm
         micro = micro if micro is not None else self.micro_batches(batch)  # before it moves
         b = batch.to(self.device)
         # Observation tokens enter GAE (and the value loss) only when skipping them is
         # switched off (an ablation).
         gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
-        self.critic.eval()
-        with torch.no_grad():
-            values = self.sharding.map_rows(b, micro, self.values) * gae_mask
+        first = None
+        if self.fused:
+            self.opt.zero_grad(set_to_none=True)  # nothing left over from an aborted step
+            self.critic.train()
+            first = torch.zeros((), device=self.device)
+            order = iter(micro)  # `map_rows` calls its function once per micro-batch, in order
+
+            def first_pass(x: Batch) -> torch.Tensor:
+                nonlocal first
+                v = self.values(x)
+                mask = getattr(x, self._targets)
+                # A row's targets depend on that row's values only (GAE runs along a row).
+                _, ret = skip_observation_gae(
+                    x.rewards, v.detach() * mask, mask, algo.gamma, algo.lambda_critic
+                )
+                first = first + self._backward(next(order), b, x, v, ret, v.detach())
+                return v.detach()
+
+            values = self.sharding.map_rows(b, micro, first_pass) * gae_mask
+        else:
+            self.critic.eval()
+            with torch.no_grad():
+                values = self.sharding.map_rows(b, micro, self.values) * gae_mask
         if algo.lambda_mode == "adaptive":
             lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
         else:
@@ -149,7 +198,7 @@ class CriticUpdater:
             b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
         )
         _, vm = value_loss(values, returns, b.action_mask, tensors=True)  # before the updates
-        self._prepared = (b, micro, values, returns)
+        self._prepared = (b, micro, values, returns, first)
         keys = ("value/explained_variance", "value/mean")
         return advantages, {k: vm[k].detach() for k in keys}
 
@@ -188,12 +237,20 @@ class CriticUpdater:
         return done
 
     def update(
-        self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor
-    ) -> CriticUpdate:
-        """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy)."""
+        self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor,
+        first: torch.Tensor | None = None,
+    ) -> CriticUpdate:  # fmt: skip
+        """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy).
+        `first`: the loss of the first update, whose gradients `prepare` already holds."""
         skipped = torch.zeros((), dtype=torch.long, device=self.device)
-        for _ in range(self.cfg.critic.updates_per_step):
-            loss, norm, ok = self.update_once(b, micro, values, returns)
+        for k in range(self.cfg.critic.updates_per_step):
+            if k == 0 and first is not None:
+                norm, ok = self.sharding.optimizer_step(
+                    self.params, self.opt, self.cfg.critic.grad_clip
+                )
+                loss = first
+            else:
+                loss, norm, ok = self.update_once(b, micro, values, returns)
             skipped = skipped + (~ok).to(skipped.device, torch.long)
         return CriticUpdate(loss, norm, skipped)
 
@@ -202,23 +259,30 @@ class CriticUpdater:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One critic optimizer step on the value loss: `(this rank's loss, norm, stepped)`,
         0-dim tensors (`Sharding.optimizer_step`)."""
-        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
-        # Every position GAE reads a value at is trained (observations too, when not skipped).
-        targets = "action_mask" if self.cfg.algorithm.skip_observations else "completion_mask"
         self.critic.train()
         total = torch.zeros((), device=self.device)
         for mb in micro:
             x = b.select(mb.rows)
-            loss, _ = value_loss(
-                self.values(x), returns[mb.rows], getattr(x, targets),
-                old_values=old_values[mb.rows] if cc.value_clip else None,
-                clip=cc.value_clip, agg=agg, tensors=True,
-            )  # fmt: skip
-            w = share(getattr(x, targets), getattr(b, targets), agg) * mb.weight
-            (loss * w).backward()
-            total = total + loss.detach() * w
-        norm, ok = self.sharding.optimizer_step(self.params, self.opt, cc.grad_clip)
+            total = total + self._backward(
+                mb, b, x, self.values(x), returns[mb.rows], old_values[mb.rows]
+            )
+        norm, ok = self.sharding.optimizer_step(self.params, self.opt, self.cfg.critic.grad_clip)
         return total, norm, ok
+
+    def _backward(
+        self, mb: MicroBatch, b: Batch, x: Batch, values: torch.Tensor, returns: torch.Tensor,
+        old_values: torch.Tensor,
+    ) -> torch.Tensor:  # fmt: skip
+        """Backward of micro-batch `x`'s share of the value loss; returns that share, detached."""
+        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
+        loss, _ = value_loss(
+            values, returns, getattr(x, self._targets),
+            old_values=old_values if cc.value_clip else None,
+            clip=cc.value_clip, agg=agg, tensors=True,
+        )  # fmt: skip
+        w = share(getattr(x, self._targets), getattr(b, self._targets), agg) * mb.weight
+        (loss * w).backward()
+        return loss.detach() * w
 
     # -- weights and state ---------------------------------------------------------------------
     def reset_from_policy(self, backbone: dict[str, torch.Tensor]) -> None:

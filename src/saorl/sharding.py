@@ -139,7 +139,8 @@ class Sharding:
     def map_rows(
         self, batch: Batch, micro: list[MicroBatch], fn: Callable[[Batch], torch.Tensor]
     ) -> torch.Tensor:
-        """`fn(rows) -> (n, T)` over `micro`, put back in place as the batch's `(B, T)`."""
+        """`fn(rows) -> (n, T)` over `micro` (once per micro-batch, in order), put back in place
+        as the batch's `(B, T)`."""
         out = torch.zeros_like(batch.rewards)
         for mb in micro:  # packed micro-batches need not be contiguous rows
             out[mb.rows] = fn(batch.select(mb.rows))

@@ -163,3 +163,16 @@ def test_trl_settings_mirror_the_resolved_grpo_config(tmp_path: Path) -> None:
     settings = bench_trl.trl_settings(cfg, args, seed=3, out_dir=tmp_path)
     assert settings["per_device_train_batch_size"] == 64
     assert settings["learning_rate"] == cfg.learner.lr
+
+
+def test_each_saorl_arm_resolves_to_its_algorithm() -> None:
+    from saorl.api import make_config
+
+    args = argparse.Namespace(grpo_lr=3e-5)
+    resolved = {
+        name: make_config(None, bench_trl.arm_overrides(name, args)) for name in bench_trl.TRAINERS
+    }
+    assert resolved["sao"].algorithm.name == resolved["sao_concurrent"].algorithm.name == "sao"
+    assert resolved["sao_concurrent"].critic.concurrent and not resolved["sao"].critic.concurrent
+    assert resolved["grpo"].learner.lr == resolved["trl_grpo"].learner.lr == 3e-5
+    assert resolved["grpo_dis"].learner.lr == resolved["sao"].learner.lr

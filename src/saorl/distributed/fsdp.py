@@ -80,6 +80,7 @@ class FSDPSharding(Sharding):
     def map_rows(
         self, batch: Batch, micro: list[MicroBatch], fn: Callable[[Batch], torch.Tensor]
     ) -> torch.Tensor:
+        # `fn` runs once per micro-batch, in order, filler passes included (as in `Sharding`).
         lo, hi = rank_bounds(batch.size, self.rank, self.world)
         local = torch.zeros_like(batch.rewards[lo:hi])
         for mb in micro:
