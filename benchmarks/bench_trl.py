@@ -306,6 +306,39 @@ def run_saorl(name: str, base: list[str], evaluate: Evaluator) -> dict[str, Any]
     }
 
 
+def learner_gflops(arm: list[str]) -> float:
+    """Floating-point operations (GFLOP, torch's FlopCounterMode) of one learner step of
+    config `arm` on one fixed batch of 64 rows (prompts of 6 tokens, completions of 3-16): the
+    work each algorithm asks of the learner per batch, independent of the machine's speed."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from saorl.api import make_config
+    from saorl.learner import Learner
+    from saorl.models.loading import load_policy
+    from saorl.types import Batch, Trajectory
+
+    # Counted on this thread only (FlopCounterMode is per thread): the critic's updates stay
+    # on it; where they run does not change how many operations they take.
+    cfg = make_config(None, [*arm, "critic.warmup_steps=0", "critic.concurrent=false"])
+    torch.manual_seed(0)
+    policy, tokenizer = load_policy(cfg.model)
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(BATCH):
+        n = 3 + i % 14
+        ids = torch.randint(3, len(tokenizer), (6 + n,), generator=g).tolist()
+        trajs.append(Trajectory(ids[:6], ids[6:], [1] * n, [-1.0] * n, [0] * n,
+                                reward=float(i % 2), prompt_key=str(i // 8),
+                                group_id=i // 8))  # fmt: skip
+    batch = Batch.from_trajectories(trajs, pad_id=tokenizer.pad_token_id)
+    learner = Learner(cfg, policy, torch.device("cpu"))
+    with FlopCounterMode(display=False) as counter:
+        learner.step(batch)
+    learner.close()
+    return counter.get_total_flops() / 1e9
+
+
 def resolved_config(cfg: Any) -> dict[str, Any]:
     """Every field of the sections that make the arm, presets applied (a saved config.toml
     leaves out what the preset implies)."""
@@ -620,6 +653,12 @@ def main() -> None:
                     f"in {r['train_s']:.0f} s",
                     flush=True,
                 )
+        # Why the arms differ in trajectories/s on a learner-bound machine: their learner's work.
+        flops = {
+            name: learner_gflops([*base, *arm_overrides(name, args)])
+            for name in trainers
+            if name != "trl_grpo"
+        }
     report = {
         "benchmark": "saorl_vs_trl",
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -643,6 +682,7 @@ def main() -> None:
         }
         | {"seeds": seeds, "batch": BATCH},
         "warm_up": warm,
+        "learner_gflop_per_step": flops,
         "initial": initial,
         "runs": runs,
     }
@@ -689,6 +729,9 @@ def finish(report: dict[str, Any], target: float, budget_s: float, out: Path) ->
                 targets[f"{sao}_reaches_target_before_trl_grpo{suffix}"] = [sao_t, trl_t, met]
     for name, value in targets.items():
         print(f"target {name}: {value[:-1]} -> {'met' if value[-1] else 'MISSED'}")
+    flops = report.get("learner_gflop_per_step") or {}
+    if flops:
+        print("learner GFLOP per step: " + ", ".join(f"{k} {v:.2f}" for k, v in flops.items()))
     report = {
         **report,
         "target": target,

@@ -176,3 +176,17 @@ def test_each_saorl_arm_resolves_to_its_algorithm() -> None:
     assert resolved["sao_concurrent"].critic.concurrent and not resolved["sao"].critic.concurrent
     assert resolved["grpo"].learner.lr == resolved["trl_grpo"].learner.lr == 3e-5
     assert resolved["grpo_dis"].learner.lr == resolved["sao"].learner.lr
+
+
+def test_learner_flops_name_the_work_of_each_algorithm() -> None:
+    args = argparse.Namespace(grpo_lr=3e-5)
+    common = ["learner.sft_steps=0", f"learner.batch_size={bench_trl.BATCH}"]
+    flops = {
+        name: bench_trl.learner_gflops([*common, *bench_trl.arm_overrides(name, args)])
+        for name in ("sao", "sao_concurrent", "grpo", "grpo_dis")
+    }
+    # The same work whether the critic runs beside the policy or after it.
+    assert flops["sao"] == pytest.approx(flops["sao_concurrent"])
+    # SAO's critic (K=2 updates, values from the first) costs more than GRPO's extra
+    # old-policy forward pass, which costs more than nothing (grpo_dis).
+    assert flops["sao"] > flops["grpo"] > flops["grpo_dis"] > 0
