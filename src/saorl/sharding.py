@@ -188,4 +188,13 @@ class Sharding:
         if opt is not None:
             if opt_state is None:
                 raise KeyError("the optimizer state is missing")
+            # Adam's 0-dim `step` tensors are kept as given when they already fit (fused
+            # AdamW): cloned, so that the state loaded from stays as it was when this trains.
+            if isinstance(opt_state.get("state"), dict):
+                per_param = {
+                    pid: {k: v.clone() if isinstance(v, torch.Tensor) and v.dim() == 0 else v
+                          for k, v in entry.items()} if isinstance(entry, dict) else entry
+                    for pid, entry in opt_state["state"].items()
+                }  # fmt: skip
+                opt_state = {**opt_state, "state": per_param}
             opt.load_state_dict(own_fused_flags(opt, opt_state))

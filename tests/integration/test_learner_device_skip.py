@@ -263,3 +263,25 @@ def test_the_forwards_read_nothing_in_the_mask_code(tiny_policy, attn, layout):
     allowed = {"equal", "tolist", "__int__"} if packed else set()
     assert {c for c, _ in reads.calls} <= allowed, reads.calls
     assert all(f == "packing.py" for _, f in reads.calls), reads.calls
+
+
+def test_a_loaded_optimizer_state_does_not_count_on_with_the_loader():
+    """`Sharding.load_state` copies Adam's `step` counters: training the loaded optimizer
+    leaves the state dict it was given as it was (a learner restored from another's state in
+    memory must not move that one's counters)."""
+    import copy
+
+    from saorl.sharding import Sharding
+
+    source = torch.nn.Linear(3, 3)
+    opt = torch.optim.AdamW(source.parameters(), fused=True)
+    source(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    state = copy.deepcopy(opt.state_dict())
+    target = torch.nn.Linear(3, 3)
+    loaded = torch.optim.AdamW(target.parameters(), fused=True)
+    Sharding().load_state(target, source.state_dict(), loaded, state)
+    target(torch.randn(2, 3)).sum().backward()
+    loaded.step()
+    assert [s["step"].item() for s in state["state"].values()] == [1.0, 1.0]
+    assert [s["step"].item() for s in loaded.state_dict()["state"].values()] == [2.0, 2.0]
