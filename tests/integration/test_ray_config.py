@@ -43,3 +43,10 @@ def test_ray_flags_become_the_ray_section(capsys, flags, enabled, address):
 def test_an_address_without_ray_enabled_is_a_clear_error():
     with pytest.raises(ConfigError, match=r"ray\.address.*ray\.enabled = true"):
         load_config(None, ["ray.address=auto"])
+
+
+def test_a_critic_actor_goes_with_several_learner_ranks():
+    # One critic actor per learner rank, a critic group sharding the critic (no refusal).
+    over = ["ray.critic_actor=true", "ray.learner_ranks=4", "learner.fsdp=true"]
+    cfg = load_config(None, over)
+    assert (cfg.ray.critic_actor, cfg.ray.learner_ranks) == (True, 4)

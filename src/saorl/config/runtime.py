@@ -260,19 +260,20 @@ class RayConfig(_Section):
     )
     critic_actor: bool = Field(
         False,
-        description="run the critic in a Ray actor of its own: its K updates run there while "
-        "the learner actor updates the policy (one batch transfer per step); needs "
-        "ray.learner_ranks = 1",
+        description="run the critic in Ray actors of its own, one per learner rank: its K "
+        "updates run there while the learner actors update the policy (one batch transfer per "
+        "step); with ray.learner_ranks > 1 the critic actors shard it with FSDP2 over a "
+        "process group of their own",
     )
-    critic_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the critic actor")
+    critic_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved per critic actor")
     critic_num_gpus: float = Field(
-        0.0, ge=0, description="GPUs reserved for the critic actor (set model.device='cuda')"
+        0.0, ge=0, description="GPUs reserved per critic actor (set model.device='cuda')"
     )
     critic_placement: Literal["any", "beside", "apart"] = Field(
         "any",
-        description="where the critic actor goes: 'any' = wherever Ray places it; 'beside' = "
-        "on the learner's node (a STRICT_PACK placement group); 'apart' = on another node "
-        "(STRICT_SPREAD)",
+        description="where the critic actors go: 'any' = wherever Ray places them (several: "
+        "together on one node); 'beside' = on the learners' node (a STRICT_PACK placement "
+        "group); 'apart' = on another node (STRICT_SPREAD)",
     )
     weight_sync: Literal["object_store", "broadcast"] = Field(
         "object_store",
@@ -282,15 +283,6 @@ class RayConfig(_Section):
     start_timeout_s: float = Field(
         600.0, gt=0, description="seconds an actor may take to be placed and load its model"
     )
-
-    @model_validator(mode="after")
-    def _check_critic(self) -> RayConfig:
-        if self.critic_actor and self.learner_ranks > 1:
-            raise ValueError(
-                f"ray.critic_actor = true goes with ray.learner_ranks = 1 (got "
-                f"{self.learner_ranks}): the critic actor is one unsharded process; unset one"
-            )
-        return self
 
     @model_validator(mode="after")
     def _check_address(self) -> RayConfig:

@@ -3,9 +3,11 @@
 - `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`, or the
   torchrun leader of `saorl.distributed.torchrun` when several actors shard one learner) and
   answers the methods of `saorl.interfaces.Learner`, each with the learner's counters; plus the
-  weight-push endpoints the rollout pool uses. With `ray.critic_actor` the critic lives in a
-  `CriticActor` instead, reached through a `saorl.distributed.ray_critic.RemoteCritic`.
-- `CriticActor` (`ray.critic_actor`): a `saorl.critic_updater.CriticUpdater` of its own.
+  weight-push endpoints the rollout pool uses. With `ray.critic_actor` the critic lives in
+  `CriticActor`s instead, learner rank r's reached through a
+  `saorl.distributed.ray_critic.RemoteCritic`.
+- `CriticActor` (`ray.critic_actor`): a `saorl.critic_updater.CriticUpdater` of its own; with
+  several learner ranks, one rank of a critic group that shards it with FSDP2.
 - `RolloutActor` owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop +
   environments) that runs only tasks the driver admitted (its feed is a `_TaskInbox`).
 
@@ -48,13 +50,15 @@ class LearnerActor:
     actors form a `torch.distributed` group (`learner.fsdp`: FSDP2 over them) and run the
     torchrun protocol of `saorl.distributed.torchrun`: rank 0 holds a `LeaderLearner` and answers
     the driver; the other ranks stay inside `setup`, mirroring rank 0's collective calls, until
-    rank 0's learner is closed.
+    rank 0's learner is closed. With `ray.critic_actor` rank r's critic is critic actor r
+    (`critics`, one per rank; several: a critic group, `saorl.distributed.ray_critic`).
     """
 
-    def __init__(self, cfg: Config, cwd: str, critic: Any = None) -> None:
+    def __init__(self, cfg: Config, cwd: str, critics: Sequence[Any] = ()) -> None:
         _setup_process(cfg, cwd)
         self.cfg = cfg
-        self.critic_actor = critic  # a CriticActor's handle (`ray.critic_actor`), or None
+        self.critics = list(critics)  # CriticActor handles (`ray.critic_actor`), by rank
+        self.grouped = len(self.critics) > 1  # learner ranks with a critic group
         self.learner: Any = None
         self.group: Any = None
         self.meta: Any = None
@@ -72,20 +76,28 @@ class LearnerActor:
 
         cfg, device = self.cfg, resolve_device(self.cfg.model.device)
         policy, self.tokenizer = load_policy(cfg.model)  # same seed: same init as one process
-        if world == 1:
+        remote = None
+        if self.critics:
             from saorl.distributed.ray_critic import RemoteCritic
 
-            remote = RemoteCritic(self.critic_actor) if self.critic_actor is not None else None
+            role = f"critic rank {rank}" if self.grouped else "critic"
+            remote = RemoteCritic(self.critics[rank], role)
+        if world == 1:
             self.learner = Learner(cfg, policy, device, critic=remote)
             return self.counters()
         import torch.distributed as dist
 
+        from saorl.distributed.ray_critic import group_learner
         from saorl.distributed.torchrun import torchrun_learner
 
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
                                 world_size=world)  # fmt: skip
-        self.learner = torchrun_learner(cfg, policy, device)  # ranks > 0: follow, then None
+        # Ranks > 0 follow rank 0 in there until the run ends, then get None.
+        if remote is None:
+            self.learner = torchrun_learner(cfg, policy, device)
+        else:
+            self.learner = group_learner(cfg, policy, device, remote)
         return self.counters() if rank == 0 else None
 
     def close_learner(self) -> None:
@@ -111,6 +123,10 @@ class LearnerActor:
         return self.learner.warm_up(self.env_spec(), tokenizer, None), *self.counters()
 
     def load_critic(self, path: str) -> tuple[None, int, int]:
+        if self.grouped:  # every critic rank takes part; the learner ranks hold no critic
+            from saorl.distributed.ray_critic import call_group
+
+            return call_group(self.critics, "load", path), *self.counters()
         return self.learner.load_critic(path), *self.counters()
 
     def evaluate(self, tokenizer: Any) -> tuple[dict[str, float], int, int]:
@@ -120,9 +136,17 @@ class LearnerActor:
         return self.learner.step(batch), *self.counters()
 
     def save(self, run_dir: Path, rollout_state: dict[str, Any]) -> tuple[None, int, int]:
+        if self.grouped:  # a whole checkpoint (saorl.distributed.ray_critic)
+            from saorl.distributed.ray_critic import save_whole
+
+            return save_whole(self.learner, self.cfg, run_dir, rollout_state), *self.counters()
         return self.learner.save(run_dir, rollout_state), *self.counters()
 
     def restore(self, state: dict[str, Any]) -> tuple[None, int, int]:
+        if self.grouped:
+            from saorl.distributed.ray_critic import check_whole
+
+            check_whole(state)
         return self.learner.restore(state), *self.counters()
 
     def export(self, tokenizer: Any, path: Path) -> tuple[None, int, int]:
@@ -155,20 +179,42 @@ class LearnerActor:
 
 
 class CriticActor:
-    """A `CriticUpdater` in its own process; every answer is on CPU."""
+    """A `CriticUpdater` in its own process; every answer is on CPU.
+
+    Built by `setup`: for one learner rank alone (`world` 1), or as rank `rank` of a critic group
+    of `world` actors, which form a `torch.distributed` group of their own (rendezvous at
+    `host:port`, critic rank 0's) and shard the critic with FSDP2 over it. In a group every
+    method but `call` is collective: each learner rank calls its own critic rank.
+    """
 
     def __init__(self, cfg: Config, cwd: str) -> None:
+        _setup_process(cfg, cwd)
+        self.cfg = cfg
+        self.updater: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP and a free port: where critic rank 0 hosts the group's rendezvous."""
+        from saorl.distributed.weight_sync import free_port, node_ip
+
+        return node_ip(), free_port()
+
+    def setup(self, rank: int, world: int, host: str, port: int) -> None:
         from saorl.critic_updater import CriticUpdater
         from saorl.models.loading import load_policy, resolve_device
         from saorl.sharding import Sharding
 
-        _setup_process(cfg, cwd)
+        cfg = self.cfg
         # Built like the learner builds its critic: from the same seeded policy.
         policy, _ = load_policy(cfg.model)
         device = resolve_device(cfg.critic.device or cfg.model.device)
         # Its updates are already beside the policy's: no thread of its own here.
         cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": False})})
-        self.updater = CriticUpdater(cfg, policy.to(device), device, Sharding())
+        sharding = Sharding()
+        if world > 1:
+            from saorl.distributed.ray_critic import join_critic_group
+
+            device, sharding = join_critic_group(cfg, device, rank, world, host, port)
+        self.updater = CriticUpdater(cfg, policy.to(device), device, sharding)
 
     @staticmethod
     def _cpu(tree: Any) -> Any:
@@ -193,10 +239,16 @@ class CriticActor:
         self.updater.load_state(state)
 
     def load(self, path: str) -> None:
-        self.updater.load(path)
+        if self.updater.sharding.sharded:
+            from saorl.distributed.ray_critic import load_into_group
+
+            load_into_group(self.updater, path)
+        else:
+            self.updater.load(path)
 
     def call(self, fn: Callable[..., Any], args: tuple) -> Any:
-        """`fn(updater, *args)`: for tests and tools."""
+        """`fn(updater, *args)`: for tests and tools (in a group, on every rank at once if `fn`
+        makes a collective call: `saorl.distributed.ray_critic.call_group`)."""
         return fn(self.updater, *args)
 
 

@@ -8,19 +8,24 @@ the supervised warm-up, evaluation, checkpoints, the final export. `RayLearner` 
 `saorl.interfaces.Learner` by calling those methods remotely; each call returns the learner's
 counters too, so `steps` and `version` are current here without another round trip.
 
-The critic lives with the policy by default. With `ray.critic_actor` it gets an actor of its own
-(`saorl.distributed.ray_actors.CriticActor`, `ray.critic_num_cpus` / `ray.critic_num_gpus`,
-`ray.critic_placement`), started here and handed to the learner actor: a step then sends the
-batch there for the advantages and runs the critic's K updates there while the learner actor
-updates the policy, so it takes the longer of the two updates (plus one batch transfer), not the
-sum. In one process `critic.concurrent` gets the same overlap from a thread.
+The critic lives with the policy by default. With `ray.critic_actor` it gets actors of its own
+(`saorl.distributed.ray_actors.CriticActor`, each with `ray.critic_num_cpus` /
+`ray.critic_num_gpus`, placed per `ray.critic_placement`), one per learner rank, started here
+and handed to the learner actors: a step then sends the batch there for the advantages and runs
+the critic's K updates there while the learner actors update the policy, so it takes the longer
+of the two updates (plus one batch transfer), not the sum. With several learner ranks the critic
+actors are a critic group that shards the critic with FSDP2 over a process group of its own
+(`saorl.distributed.ray_critic`). In one process `critic.concurrent` gets the same overlap from a
+thread.
 
 The rollout actors and the weight pushes to them belong to the rollout pool
 (`saorl.distributed.ray_pool.RayWorkerPool`), which reads the weights through this handle.
 
 Failures: every remote call is awaited through `get`, which turns a dead actor into an
 `ActorFailure` naming its role; with several learner ranks, `wait` also reports a rank > 0
-that stopped while rank 0 was waiting for it in a collective.
+that stopped while rank 0 was waiting for it in a collective. A dead critic rank stops the call
+of its learner rank (`saorl.distributed.ray_critic.RemoteCritic` names it), reported the same way;
+after any failed call `close` kills the ranks without first asking rank 0 to end the others.
 """
 
 from __future__ import annotations
@@ -81,24 +86,29 @@ def init_ray(cfg: Config) -> bool:
 
 
 def _check_resources(cfg: Config) -> None:
-    """Every actor of the run (learner ranks and rollout actors) fits the cluster."""
-    rc, n = cfg.ray, cfg.rollout.num_workers
+    """Every actor of the run (learner ranks, critic ranks, rollout actors) fits the cluster."""
+    rc, n, ranks = cfg.ray, cfg.rollout.num_workers, cfg.ray.learner_ranks
     have = ray_module().cluster_resources()
     for kind, learner, rollout, critic in (
         ("CPU", rc.learner_num_cpus, rc.rollout_num_cpus, rc.critic_num_cpus),
         ("GPU", rc.learner_num_gpus, rc.rollout_num_gpus, rc.critic_num_gpus),
     ):
         critic = critic if rc.critic_actor else 0.0
-        need = rc.learner_ranks * learner + n * rollout + critic
+        need = ranks * (learner + critic) + n * rollout
         if need > have.get(kind, 0.0) + 1e-9:
             key = kind.lower()
             raise ConfigError(
-                f"ray: the actors need {need:g} {kind}s (ray.learner_ranks = {rc.learner_ranks} "
-                f"x ray.learner_num_{key}s = {learner:g} + rollout.num_workers = {n} x "
-                f"ray.rollout_num_{key}s = {rollout:g} + ray.critic_num_{key}s = {critic:g} "
-                f"with ray.critic_actor) but the Ray cluster has "
+                f"ray: the actors need {need:g} {kind}s (ray.learner_ranks = {ranks} x "
+                f"(ray.learner_num_{key}s = {learner:g} + ray.critic_num_{key}s = {critic:g} "
+                f"with ray.critic_actor) + rollout.num_workers = {n} x "
+                f"ray.rollout_num_{key}s = {rollout:g}) but the Ray cluster has "
                 f"{have.get(kind, 0.0):g}; lower those fields or add nodes"
             )
+
+
+def _bundle(cpus: float, gpus: float, actors: int) -> dict[str, float]:
+    """A placement-group bundle that holds `actors` actors of `cpus` CPUs and `gpus` GPUs."""
+    return {k: v * actors for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
 
 
 class RayLearner:
@@ -113,9 +123,11 @@ class RayLearner:
         self.cfg = cfg
         self._own_ray = init_ray(cfg)
         self.learner_actors: list[Any] = []
-        self.critic_actor: Any = None  # `ray.critic_actor`
-        self._placement: Any = None  # placement group of the learner ranks (or with the critic)
+        self.critic_actors: list[Any] = []  # `ray.critic_actor`: one per learner rank
+        self._placements: list[Any] = []  # placement groups of the learner and critic ranks
+        self._learners_pg: Any = None  # the learner ranks' own, without ray.critic_placement
         self._followers: list[Any] = []  # ranks > 0: their `setup` returns only at the end
+        self._failed = False  # a learner call failed
         try:
             _check_resources(cfg)
             rc, n = cfg.ray, cfg.ray.learner_ranks
@@ -124,71 +136,101 @@ class RayLearner:
                     f"ray.learner_ranks = {n} needs learner.fsdp = true (the ranks shard one "
                     "learner with FSDP2); or set ray.learner_ranks = 1"
                 )
+            if rc.critic_actor and n > 1 and cfg.critic.optimizer_offload:
+                raise ConfigError(
+                    "critic.optimizer_offload is for an unsharded critic; with ray.critic_actor "
+                    f"and ray.learner_ranks = {n} the critic actors shard its optimizer state "
+                    "already: unset one"
+                )
+            learner_at, critic_setup = None, []
             if rc.critic_actor:
-                from saorl.distributed.ray_actors import CriticActor
-
-                learner_at, critic_at = self._critic_placement()
-                self.critic_actor = (
-                    ray.remote(CriticActor)
-                    .options(num_cpus=rc.critic_num_cpus, num_gpus=rc.critic_num_gpus,
-                             **critic_at)
-                    .remote(cfg, os.getcwd())
-                )  # fmt: skip
+                learner_at, critic_setup = self._start_critics()
             self.learner_actors = [
                 ray.remote(LearnerActor)
                 .options(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus,
-                         **(learner_at if rc.critic_actor else self._learner_placement(r)))
-                .remote(cfg, os.getcwd(), self.critic_actor)
+                         **(self._learner_placement(r) if learner_at is None else learner_at))
+                .remote(cfg, os.getcwd(), self.critic_actors)
                 for r in range(n)
             ]  # fmt: skip
             self.actor = self.learner_actors[0]
             host, port = get(self.actor.address.remote(), "learner", rc.start_timeout_s)
             ranks = [a.setup.remote(r, n, host, port) for r, a in enumerate(self.learner_actors)]
             self._followers = ranks[1:]
+            for r, ref in enumerate(critic_setup):  # built meanwhile, beside the learner ranks
+                get(ref, f"critic rank {r}" if n > 1 else "critic", rc.start_timeout_s)
             self.steps, self.version = self.get(ranks[0], rc.start_timeout_s)
             self.tokenizer = get(self.actor.get_tokenizer.remote(), "learner")
         except BaseException:
             self.close()
             raise
 
+    def _start_critics(self) -> tuple[dict[str, Any] | None, list[Any]]:
+        """Start the critic actors (`ray.critic_actor`), one per learner rank, and their `setup`
+        (with several: a critic group's rendezvous on critic rank 0's node); the learner ranks'
+        scheduling options (None: `_learner_placement`'s) and the setup calls to wait for."""
+        from saorl.distributed.ray_actors import CriticActor
+
+        ray, rc, n = ray_module(), self.cfg.ray, self.cfg.ray.learner_ranks
+        learner_at, critic_at = self._critic_placement()
+        self.critic_actors = [
+            ray.remote(CriticActor)
+            .options(num_cpus=rc.critic_num_cpus, num_gpus=rc.critic_num_gpus, **critic_at)
+            .remote(self.cfg, os.getcwd())
+            for _ in range(n)
+        ]
+        host, port = "", 0
+        if n > 1:
+            host, port = get(self.critic_actors[0].address.remote(), "critic rank 0",
+                             rc.start_timeout_s)  # fmt: skip
+        return learner_at, [c.setup.remote(r, n, host, port)
+                            for r, c in enumerate(self.critic_actors)]  # fmt: skip
+
+    def _placement_group(self, bundles: list[dict[str, float]], strategy: str, role: str) -> Any:
+        pg = ray_module().util.placement_group(bundles, strategy)
+        self._placements.append(pg)
+        get(pg.ready(), role, self.cfg.ray.start_timeout_s)
+        return pg
+
     def _learner_placement(self, rank: int) -> dict[str, Any]:
         """Several learner ranks go on one node (a STRICT_PACK placement group): FSDP2's
         collectives run every micro-batch, over NVLink rather than between nodes."""
         rc = self.cfg.ray
-        bundle = {k: v for k, v in (("CPU", rc.learner_num_cpus), ("GPU", rc.learner_num_gpus))
-                  if v > 0}  # fmt: skip
+        bundle = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, 1)
         if rc.learner_ranks == 1 or not bundle:
             return {}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        if self._placement is None:
-            bundles = [bundle] * rc.learner_ranks
-            self._placement = ray_module().util.placement_group(bundles, "STRICT_PACK")
-            get(self._placement.ready(), "learner placement group", rc.start_timeout_s)
-        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._placement, rank)}
+        if self._learners_pg is None:
+            self._learners_pg = self._placement_group([bundle] * rc.learner_ranks, "STRICT_PACK",
+                                                      "learner placement group")  # fmt: skip
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._learners_pg, rank)}
 
-    def _critic_placement(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Scheduling options of the learner and the critic actor (`ray.critic_placement`):
-        none, or bundles 0 and 1 of a STRICT_PACK (beside) or STRICT_SPREAD (apart) group."""
-        rc = self.cfg.ray
-        if rc.critic_placement == "any":
-            return {}, {}
+    def _critic_placement(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+        """Scheduling options of every learner rank (None: `_learner_placement`'s) and of every
+        critic rank, per `ray.critic_placement`. Bundle 0 holds all learner ranks and bundle 1
+        all critic ranks, of one STRICT_PACK (beside: one node) or STRICT_SPREAD (apart: two
+        nodes) placement group; with 'any', a critic group alone still goes on one node (a
+        bundle of its own: FSDP2's collectives run every micro-batch)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        bundles = [{k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
-                   for cpus, gpus in ((rc.learner_num_cpus, rc.learner_num_gpus),
-                                      (rc.critic_num_cpus, rc.critic_num_gpus))]  # fmt: skip
-        if not all(bundles):
+        rc, n = self.cfg.ray, self.cfg.ray.learner_ranks
+        learner = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, n)
+        critic = _bundle(rc.critic_num_cpus, rc.critic_num_gpus, n)
+        if rc.critic_placement == "any":
+            if n == 1 or not critic:
+                return None, {}
+            pg = self._placement_group([critic], "STRICT_PACK", "critic placement group")
+            return None, {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, 0)}
+        if not (learner and critic):
             raise ConfigError(
                 f"ray.critic_placement = {rc.critic_placement!r} needs CPUs or GPUs reserved "
-                "for both the learner and the critic actor (ray.learner_num_* / critic_num_*)"
+                "for both the learner and the critic actors (ray.learner_num_* / critic_num_*)"
             )
         strategy = "STRICT_PACK" if rc.critic_placement == "beside" else "STRICT_SPREAD"
-        self._placement = ray_module().util.placement_group(bundles, strategy)
-        get(self._placement.ready(), "learner and critic placement group", rc.start_timeout_s)
+        pg = self._placement_group([learner, critic], strategy,
+                                   "learner and critic placement group")  # fmt: skip
         return tuple(  # type: ignore[return-value]
-            {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._placement, i)}
-            for i in (0, 1)
+            {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, i)} for i in (0, 1)
         )
 
     def wait(self, ref: Any, timeout: float | None = None) -> None:
@@ -203,8 +245,12 @@ class RayLearner:
 
     def get(self, ref: Any, timeout: float | None = None) -> Any:
         """The result of rank 0's call `ref` (see `wait`)."""
-        self.wait(ref, timeout)
-        return get(ref, "learner", timeout)
+        try:
+            self.wait(ref, timeout)
+            return get(ref, "learner", timeout)
+        except BaseException:
+            self._failed = True  # the ranks may be anywhere now: `close` ends them at once
+            raise
 
     def _ask(self, ref: Any) -> Any:
         """The result of a `LearnerActor` method that also answers with the counters."""
@@ -241,19 +287,25 @@ class RayLearner:
         return self._ask(self.actor.call.remote(fn, args))
 
     def call_critic(self, fn: Any, *args: Any) -> Any:
-        """`fn(critic_updater, *args)` in the critic actor (`ray.critic_actor`), for tests."""
-        return get(self.critic_actor.call.remote(fn, args), "critic")
+        """`fn(critic_updater, *args)` in the critic actors (`ray.critic_actor`), for tests: in
+        every critic rank at once (`fn` may make collective calls); critic rank 0's answer."""
+        from saorl.distributed.ray_critic import call_group
+
+        return call_group(self.critic_actors, "call", fn, args)
 
     def close(self) -> None:
-        """End the learner actors; shut Ray down if this handle started it."""
+        """End the learner and critic actors; shut Ray down if this handle started it."""
         ray = ray_module()
-        if self._followers:  # let the other learner ranks leave their loop; kill them anyway
+        if self._followers and not self._failed:
+            # Let the other learner ranks leave their loop; kill them anyway. After a failed
+            # call some rank may wait in a collective (for a dead learner or critic rank) that
+            # rank 0's goodbye would only join.
             ray.wait([self.actor.close_learner.remote()], timeout=30)
-        for a in [*self.learner_actors, *([self.critic_actor] if self.critic_actor else [])]:
+        for a in [*self.learner_actors, *self.critic_actors]:
             ray.kill(a)
-        self.learner_actors, self._followers, self.critic_actor = [], [], None
-        if self._placement is not None:
-            ray.util.remove_placement_group(self._placement)
-            self._placement = None
+        self.learner_actors, self._followers, self.critic_actors = [], [], []
+        for pg in self._placements:
+            ray.util.remove_placement_group(pg)
+        self._placements, self._learners_pg = [], None
         if self._own_ray:
             ray.shutdown()
