@@ -10,15 +10,25 @@ with other workers: batches, restarts and checkpoints work unchanged.
 Admission control across processes: the driver's `PromptFeed` stays the only source of tasks.
 One pump thread per rollout actor repeatedly calls `exchange`: it sends the tasks admitted for
 that actor's free slots and gets back the trajectories that finished and the slots now free, so
-a task is admitted exactly when it is handed to an engine with room, as in one process.
+a task is admitted exactly when it is handed to an engine with room, as in one process. The
+exchanges are at least `_EXCHANGE_EVERY_S` apart: each one wakes threads in the driver and the
+actor (where its handler takes the GIL from the decoding thread), and one per finished
+trajectory (~130 a second on the generation-bound benchmark) preempted the learner actor ~500
+times a second and slowed decoding; batched, a finished row's slot is refilled at most that
+much later.
 
 Weights (`ray.weight_sync`): the learner's state as one Ray object (the return value of
 `policy_state`, stored once) that every rollout actor loads, or a `torch.distributed` broadcast
 from the learner (`saorl.distributed.weight_sync`). The driver waits until every engine has the
-new weights, as the in-process push does. A dead rollout actor is replaced (`respawn`) by a new
-one with the learner's current weights and the dead one's unfinished tasks, which the driver
-knows without asking the dead process; a broadcast group cannot swap a rank, so with
-`"broadcast"` a dead rollout actor stops the run.
+new weights, except for an object-store push in asynchronous mode: the loop goes on with the
+next learner step while the actors take them (in one process the push is queued at once; the
+round trip cost the loop 10-14 ms a step on the generation-bound benchmark), and each push
+first awaits the one before, so at most one is in flight: an actor runs calls on several
+threads, and an older push landing after a newer one would roll its weights back.
+
+A dead rollout actor is replaced (`respawn`) by a new one with the learner's current weights and
+the dead one's unfinished tasks, which the driver knows without asking the dead process; a
+broadcast group cannot swap a rank, so with `"broadcast"` a dead rollout actor stops the run.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ import contextlib
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +51,7 @@ from saorl.rollout.worker import PromptFeed
 from saorl.types import Trajectory
 
 _POLL_S = 0.05  # longest an exchange waits for a trajectory before reporting back
+_EXCHANGE_EVERY_S = 0.02  # shortest time from one exchange's start to the next one's
 
 
 class _EngineStats:
@@ -114,9 +126,12 @@ class RayRolloutWorker:
     def _pump(self) -> None:
         try:
             while not self._stop.is_set():
+                started = time.monotonic()
                 with self._lock:
                     tasks = self._admit()
                     self._absorb(get(self.actor.exchange.remote(tasks, _POLL_S), self.name))
+                # Outside the lock: a checkpoint's `paused` need not wait for the pause.
+                self._stop.wait(max(0.0, _EXCHANGE_EVERY_S - (time.monotonic() - started)))
         except BaseException as e:  # surfaced by the pool's batch collector, which re-raises
             self.error = e
 
@@ -149,6 +164,7 @@ class RayWorkerPool(WorkerPool):
         super().__init__(cfg, tokenizer, learner)  # type: ignore[arg-type]
         self.learner: RayLearner = learner
         self._actors: list[Any] = []  # every actor spawned and not yet killed
+        self._pushing: list[tuple[Any, Any]] = []  # (actor, its update_weights call) in flight
 
     def _spawn_actor(self, name: str, seed: int) -> Any:
         rc = self.cfg.ray
@@ -172,6 +188,7 @@ class RayWorkerPool(WorkerPool):
         self.workers = [RayRolloutWorker(a, name, self.feed, self.out, room)
                         for a, name, room in zip(actors, names, rooms, strict=True)]  # fmt: skip
         self.update_weights()
+        self._finish_push()  # no actor samples before it has the learner's weights
         return self.workers
 
     def _form_group(self, actors: list[Any]) -> None:
@@ -198,6 +215,7 @@ class RayWorkerPool(WorkerPool):
         dead = self.workers[i].actor
         ray_module().kill(dead)
         self._actors.remove(dead)
+        self._pushing = [(a, ref) for a, ref in self._pushing if a is not dead]
         get(actor.update_weights.remote(self._weights_ref(), self.learner.version), name)
         return RayRolloutWorker(actor, name, self.feed, self.out, room)
 
@@ -216,8 +234,19 @@ class RayWorkerPool(WorkerPool):
         return state
 
     def push_via_object_store(self) -> None:
+        """Every actor gets the learner's weights; awaited in synchronous mode (the next batch
+        is sampled by them), otherwise before the next push (see the module's docstring)."""
+        self._finish_push()
         state, version = self._weights_ref(), self.learner.version
-        get([w.actor.update_weights.remote(state, version) for w in self.workers], "weight push")
+        self._pushing = [(w.actor, w.actor.update_weights.remote(state, version))
+                         for w in self.workers]  # fmt: skip
+        if self.sync:
+            self._finish_push()
+
+    def _finish_push(self) -> None:
+        pushing, self._pushing = self._pushing, []
+        if pushing:
+            get([ref for _, ref in pushing], "weight push")
 
     def push_via_broadcast(self) -> None:
         """Needs the group that `start` forms when `ray.weight_sync = "broadcast"`."""
@@ -232,4 +261,4 @@ class RayWorkerPool(WorkerPool):
             w.stop_thread()
         for a in self._actors:
             ray_module().kill(a)
-        self.workers, self._actors = [], []
+        self.workers, self._actors, self._pushing = [], [], []
