@@ -26,6 +26,17 @@ def _run(policy, concurrent: bool, *overrides: str, steps: int = 3):
     return learner, metrics
 
 
+def _assert_same_metrics(rows_a: list[dict], rows_b: list[dict], rel: float) -> None:
+    """Step by step the same keys, None where the other is None, values to `rel`."""
+    for a, b in zip(rows_a, rows_b, strict=True):
+        assert a.keys() == b.keys()
+        for key, value in a.items():
+            if value is None or b[key] is None:
+                assert value is None and b[key] is None, key
+            else:
+                assert b[key] == pytest.approx(value, rel=rel, abs=1e-7), key
+
+
 def _assert_same_state(a: Learner, b: Learner) -> None:
     sa, sb = a.state_dict(), b.state_dict()
     for key in ("policy", "critic"):
@@ -55,13 +66,7 @@ def test_concurrent_step_equals_sequential(tiny_policy, overrides):
     con, m_con = _run(policy, True, "learner.batch_size=8", *overrides)
     assert con.critic_updater._pool is not None and seq.critic_updater._pool is None
     assert seq.version == con.version >= 2  # policy updates happened after the warm-up
-    for a, b in zip(m_seq, m_con, strict=True):
-        assert a.keys() == b.keys()
-        for key, value in a.items():
-            if value is None or b[key] is None:
-                assert value is None and b[key] is None, key
-            else:
-                assert b[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
+    _assert_same_metrics(m_seq, m_con, rel=1e-6)
     _assert_same_state(seq, con)
 
 
