@@ -124,6 +124,10 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             max_tool_calls=cfg.max_tool_calls if tools_on else 0,
             stop=tuple(stop_strings(cfg.tool_format)) if tools_on else (),
         )
+    elif cfg.name == "reasoning_gym":
+        from saorl.envs.reasoning_gym import build_rg_spec
+
+        return build_rg_spec(cfg, held_out_only)
     elif cfg.name == "swe":
         from saorl.envs.swe.spec import build_swe_spec
 
