@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
-from saorl.config import ConfigError, EnvConfig
+from saorl.config import ConfigError, EnvConfig, load_config
 from saorl.envs.base import task_key
 from saorl.envs.factory import build_env
 from saorl.envs.reasoning_gym import RGEnv, RGTasks, opening_text, split_by_weight
@@ -185,3 +186,14 @@ def test_rg_fields_belong_to_the_reasoning_gym_env() -> None:
         EnvConfig(name="math", rg_datasets=["chain_sum"])
     with pytest.raises(ValueError, match=r"env\.args is for your own env\.name"):
         EnvConfig(name="math", args={"chain_sum": {}})
+
+
+def test_example_config_fits_its_context() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / "reasoning_gym.toml"
+    cfg = load_config(path)
+    spec = build_env(cfg.env, held_out_only=True)
+    assert len(spec.task.held_out) == 128
+    # The char tokenizer: one token per character; the answer and EOS must fit after the prompt.
+    longest = max(len(p.prompt) + len(p.answer) + 1 for p in spec.task.held_out)
+    assert longest <= cfg.model.max_seq_len
+    assert max(len(p.answer) + 1 for p in spec.task.held_out) <= cfg.rollout.max_new_tokens
