@@ -324,6 +324,18 @@ class AlgorithmConfig(_Section):
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
     )
+    correction: Literal["none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs"] = Field(
+        "none",
+        description="rollout-trainer mismatch correction weighting each token's policy loss by "
+        "rho = trainer / engine probability (saorl/corrections.py, docs/algorithms.md): tis, "
+        "token_mis, seq_mis, icepop, geo_rs; SAO paper: none (DIS is its correction)",
+    )
+    correction_low: float | None = Field(
+        None, ge=0, description="lower edge of the correction's kept band; unset = its preset"
+    )
+    correction_high: float | None = Field(
+        None, gt=0, description="upper edge of the band (tis: the cap); unset = its preset"
+    )
     routing_replay: bool = Field(
         False,
         description="MoE policies: the engine records the experts it routed each token to and "
