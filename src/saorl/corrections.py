@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -39,6 +39,12 @@ from saorl.losses import Metrics, _frac, _out, _zero_outside
 
 Correction = Literal["none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs"]
 CORRECTIONS: tuple[str, ...] = ("none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs")
+
+
+class AlgorithmLike(Protocol):  # the fields of saorl.config's AlgorithmConfig used here
+    correction: str
+    correction_low: float | None
+    correction_high: float | None
 
 
 @dataclass(frozen=True)
@@ -211,7 +217,7 @@ def gap_sums(
         ("stale", staleness, STALENESS_BUCKETS),
         ("pos", positions, POSITION_BUCKETS),
     ):
-        bucket = torch.bucketize(values.to(torch.long), torch.tensor(edges[1:]), right=True)
+        bucket = torch.bucketize(values.long().contiguous(), torch.tensor(edges[1:]), right=True)
         bucket = bucket.to(values.device)
         for i, name in enumerate(_bucket_names(edges)):
             sel = m & (bucket == i) & (values >= 0)
@@ -227,3 +233,32 @@ def finish_gaps(metrics: dict[str, float | None]) -> None:
         total = metrics.pop(key)
         n = metrics.get(key.replace("k3_sum_", "tokens_"))
         metrics[key.replace("k3_sum_", "k3_")] = total / n if n else None
+
+
+def gap_keys() -> list[str]:
+    """The per-bucket gap metrics :func:`finish_gaps` leaves (for rows without a policy update)."""
+    return [
+        f"gap/{kind}_{what}{name}"
+        for what, edges in (("stale", STALENESS_BUCKETS), ("pos", POSITION_BUCKETS))
+        for name in _bucket_names(edges)
+        for kind in ("k3", "tokens")
+    ]
+
+
+def policy_correction(
+    algo: AlgorithmLike, trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
+) -> tuple[Tensor | None, Metrics]:
+    """The weights and metrics of `algorithm.correction` for one micro-batch (None, {} when
+    off). `trainer_logprobs`: the trainer's log-probs of the step's start where the learner has
+    them (ppo_clip's old policy), else the current forward's (the same at the first
+    mini-batch)."""
+    if algo.correction == "none":
+        return None, {}
+    return correction_weights(
+        trainer_logprobs.detach().float() - rollout_logprobs.float(),
+        mask,
+        algo.correction,
+        algo.correction_low,
+        algo.correction_high,
+        tensors=True,
+    )

@@ -50,6 +50,7 @@ from torch import nn
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
 from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
+from saorl.corrections import finish_gaps, gap_keys, gap_sums, policy_correction
 from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
@@ -190,8 +191,10 @@ class Learner:
             # metrics.jsonl has the same columns.
             metrics.update(dict.fromkeys(("loss/policy", "dis/masked_frac", "mismatch/k3",
                                           "mismatch/max_abs_logprob_diff")))  # fmt: skip
+            metrics.update(dict.fromkeys(gap_keys()))
         else:
             self._finish_mismatch(metrics)
+            finish_gaps(metrics)
         self.steps += 1
         self._check_nonfinite(skipped_before)
         metrics["learner/version"] = self.version
@@ -284,15 +287,18 @@ class Learner:
         mask = x.action_mask
         w = share(mask, part.action_mask, algo.loss_agg) * mb.weight
         logprobs, entropy = self._logprobs(x, return_entropy=True)
+        # algorithm.correction: per-token weights from the trainer/engine ratio (corrections.py)
+        trainer = reference if algo.policy_loss == "ppo_clip" else logprobs
+        weights, cm = policy_correction(algo, trainer, x.rollout_logprobs, mask)
         if algo.policy_loss == "dis":
             loss, pm = dis_policy_loss(
                 logprobs, reference, advantages, mask, eps_low=algo.eps_low,
-                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True,
+                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
             )  # fmt: skip
         elif algo.policy_loss == "ppo_clip":
             loss, pm = ppo_clip_policy_loss(
                 logprobs, reference, advantages, mask, eps_low=algo.clip_eps_low,
-                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True,
+                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
             )  # fmt: skip
         else:
             raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
@@ -312,6 +318,7 @@ class Learner:
             m.add("loss/lm", lm.detach() * w_lm, scale)
         total.backward()
         pm["policy/entropy"] = ent.detach()
+        pm.update(cm)
         for key, value in pm.items():
             # A filler pass (weight 0) reruns a row of this batch: harmless for min and max.
             if key == "dis/ratio_min":
@@ -328,6 +335,11 @@ class Learner:
         m.add("mismatch/tokens", n)
         m.add("mismatch/k3_sum", mm["mismatch/k3"] * n)
         m.high("mismatch/max_abs_logprob_diff", mm["mismatch/max_abs_logprob_diff"])
+        # The gap by staleness (0: pure mismatch) and by position (corrections.gap_sums).
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        diff = logprobs.detach() - x.rollout_logprobs
+        for key, value in gap_sums(diff, mask, version - x.versions, positions).items():
+            m.add(key, value * mb.weight)
 
     @staticmethod
     def _finish_mismatch(metrics: dict[str, Any]) -> None:
