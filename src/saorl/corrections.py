@@ -235,9 +235,19 @@ def finish_gaps(metrics: dict[str, float | None]) -> None:
         metrics[key.replace("k3_sum_", "k3_")] = total / n if n else None
 
 
-def gap_keys() -> list[str]:
-    """The per-bucket gap metrics :func:`finish_gaps` leaves (for rows without a policy update)."""
-    return [
+CORRECTION_KEYS = (
+    "corr/ess_raw",
+    "corr/ess",
+    "corr/token_drop_frac",
+    "corr/seq_drop_frac",
+    "corr/truncated_frac",
+)
+
+
+def lab_keys() -> list[str]:
+    """The metrics a policy step logs here (corrections and gap buckets after
+    :func:`finish_gaps`), for rows without a policy update (logged as null)."""
+    return [*CORRECTION_KEYS] + [
         f"gap/{kind}_{what}{name}"
         for what, edges in (("stale", STALENESS_BUCKETS), ("pos", POSITION_BUCKETS))
         for name in _bucket_names(edges)
@@ -248,13 +258,14 @@ def gap_keys() -> list[str]:
 def policy_correction(
     algo: AlgorithmLike, trainer_logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor
 ) -> tuple[Tensor | None, Metrics]:
-    """The weights and metrics of `algorithm.correction` for one micro-batch (None, {} when
-    off). `trainer_logprobs`: the trainer's log-probs of the step's start where the learner has
-    them (ppo_clip's old policy), else the current forward's (the same at the first
-    mini-batch)."""
-    if algo.correction == "none":
-        return None, {}
-    return correction_weights(
+    """The weights (None when `algorithm.correction` is "none": the loss is left exactly as
+    it is) and the `corr/*` metrics of one micro-batch; the metrics are logged whatever the
+    correction, so a run without one still shows the ESS of its raw ratios.
+
+    `trainer_logprobs`: the trainer's log-probs at the step's start where the learner has them
+    (ppo_clip's old policy), else the current forward's (the same at the first mini-batch).
+    """
+    weights, metrics = correction_weights(
         trainer_logprobs.detach().float() - rollout_logprobs.float(),
         mask,
         algo.correction,
@@ -262,3 +273,4 @@ def policy_correction(
         algo.correction_high,
         tensors=True,
     )
+    return (None if algo.correction == "none" else weights), metrics

@@ -50,7 +50,7 @@ from torch import nn
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
 from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
-from saorl.corrections import finish_gaps, gap_keys, gap_sums, policy_correction
+from saorl.corrections import finish_gaps, gap_sums, lab_keys, policy_correction
 from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
@@ -191,7 +191,7 @@ class Learner:
             # metrics.jsonl has the same columns.
             metrics.update(dict.fromkeys(("loss/policy", "dis/masked_frac", "mismatch/k3",
                                           "mismatch/max_abs_logprob_diff")))  # fmt: skip
-            metrics.update(dict.fromkeys(gap_keys()))
+            metrics.update(dict.fromkeys(lab_keys()))
         else:
             self._finish_mismatch(metrics)
             finish_gaps(metrics)

@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from saorl.corrections import gap_keys
+from saorl.corrections import lab_keys
 from saorl.learner import Learner
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
@@ -66,9 +66,10 @@ def test_the_gap_by_staleness_and_position_is_logged(tiny_policy):
     batch = _batch(policy)
     learner = _learner(policy)
     m = learner.step(batch)
-    assert set(gap_keys()) <= set(m)
+    assert set(lab_keys()) <= set(m)
+    assert abs(m["corr/ess_raw"] - 1) < 1e-6  # logged without a correction too
     assert m["gap/tokens_stale0"] == batch.action_mask.bool().sum().item()
     assert m["gap/k3_stale0"] < 1e-6  # the policy's own log-probs: no mismatch
     assert m["gap/k3_stale1"] is None  # no token one version old
     warm = _learner(policy, "critic.warmup_steps=1").step(batch)
-    assert all(warm[k] is None for k in gap_keys())  # same columns in critic-only rows
+    assert all(warm[k] is None for k in lab_keys())  # same columns in critic-only rows
