@@ -21,6 +21,7 @@ Ray actors, torchrun ranks) and this file does not change with it.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -50,13 +51,20 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     check_trackers(cfg.run.trackers)  # a missing package stops the run before anything starts
-    placed = build_topology(cfg)
-    if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
-        return {}
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.run.deterministic:  # CUDA's cuBLAS needs a fixed workspace to be deterministic
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     try:
-        return _train(cfg, placed, resume)
-    finally:
-        placed.learner.close()
+        placed = build_topology(cfg)
+        if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
+            return {}
+        try:
+            return _train(cfg, placed, resume)
+        finally:
+            placed.learner.close()
+    finally:  # process-wide: an in-process caller (tests, the Python API) gets it back as it was
+        torch.use_deterministic_algorithms(was_deterministic)
 
 
 def _fresh_run_dir(output_dir: Path, name: str) -> Path:
