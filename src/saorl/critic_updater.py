@@ -47,7 +47,7 @@ from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.checkpoint import load_state_file
 from saorl.config import Config, ConfigError
 from saorl.losses import value_loss
-from saorl.models.critic import Critic, freeze_attention
+from saorl.models.critic import Critic, critic_source, freeze_attention
 from saorl.models.loading import compute_precision, critic_optimizer
 from saorl.models.lora import onto_lora
 from saorl.models.packing import plan_token_micro_batches
@@ -120,7 +120,8 @@ class CriticUpdater:
     ) -> None:
         self.cfg, self.device, self.sharding = cfg, device, sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
-        self.critic = Critic(policy, cfg).to(device)  # with critic.lora_rank's adapters
+        # critic.lora_rank's adapters; critic.name_or_path: the policy or a model of its own
+        self.critic = Critic(critic_source(cfg, policy), cfg).to(device)
         self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
         self.sharding.shard(self.critic)
         self.new_optimizer()
@@ -287,7 +288,10 @@ class CriticUpdater:
     # -- weights and state ---------------------------------------------------------------------
     def reset_from_policy(self, backbone: dict[str, torch.Tensor]) -> None:
         """Critic <- `backbone` (the policy's base-model weights, LoRA merged) and a zero value
-        head; a fresh optimizer. Frozen parameters stay frozen."""
+        head; a fresh optimizer. Frozen parameters stay frozen. A critic of its own
+        (`critic.name_or_path`) is not the policy's shape: it keeps its weights."""
+        if self.cfg.critic.name_or_path != "policy":
+            return
         state = {"backbone." + k: v for k, v in backbone.items()}
         dtype = next(iter(state.values())).dtype
         head = self.critic.value_head

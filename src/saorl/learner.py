@@ -378,8 +378,11 @@ class Learner:
         """Critic <- the current policy's backbone and a zero value head; a fresh optimizer.
 
         Called after a supervised warm-up, so that the critic starts from the policy it will
-        judge (docs/design.md section 1); frozen parameters stay frozen.
+        judge (docs/design.md section 1); frozen parameters stay frozen. A critic of its own
+        (`critic.name_or_path`) keeps its weights.
         """
+        if self.cfg.critic.name_or_path != "policy":
+            return
         prefix = self.policy.base_model_prefix + "."
         policy = merged_state(self.sharding.full_state(self.policy, everywhere=True), self.policy)
         self.critic_updater.reset_from_policy({k[len(prefix) :]: v for k, v in policy.items()

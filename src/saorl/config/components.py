@@ -366,6 +366,12 @@ class CriticConfig(_Section):
         description="critic AdamW learning rate; paper: 5e-6 (5x policy); preset vapo: 2 x "
         "learner.lr (VAPO: 2e-6 vs 1e-6)",
     )
+    name_or_path: str = Field(
+        "policy",
+        description="the critic's model: 'policy' = a copy of the policy's backbone, made "
+        "again after the warm-up (paper); or a Hugging Face directory or hub id of another "
+        "(smaller) model with the policy's tokenizer (AsyPPO-style mini-critic), used as loaded",
+    )
     init_from: str = Field(
         "",
         description="critic checkpoint written by `saorl value-pretrain`; '' = initialise "
