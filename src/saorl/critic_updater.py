@@ -35,6 +35,7 @@ actor talks to it through the same four methods.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -108,6 +109,34 @@ def critic_device(cfg: Config, learner_device: torch.device) -> torch.device:
         raise ConfigError(f"critic.device: {e}".replace("model.device", "critic.device")) from e
 
 
+def concurrent_critic(cfg: Config, learner_device: torch.device) -> tuple[bool, str]:
+    """Whether the critic's updates run beside the policy's (`critic.concurrent`), and why.
+
+    'auto' turns it on where the two updates have hardware to overlap on: a device of the
+    critic's own, or a CPU with cores for both (each update uses `run.torch_threads`); it stays
+    off on one shared accelerator, where it would hold both updates' activations at once, and
+    under `run.deterministic` (one thread of work at a time).
+    """
+    setting = cfg.critic.concurrent
+    if setting != "auto":
+        return bool(setting), f"critic.concurrent = {str(setting).lower()}"
+    if cfg.run.deterministic:
+        return False, "auto: off under run.deterministic (one thread of work at a time)"
+    device = critic_device(cfg, learner_device)
+    if device != learner_device:
+        return True, f"auto: the critic has a device of its own ({device})"
+    if device.type != "cpu":
+        return False, (
+            f"auto: policy and critic share {device}; both updates at once would hold both "
+            "activations (set critic.device to a second device)"
+        )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    need = 2 * cfg.run.torch_threads
+    if (cores or 1) >= need:
+        return True, f"auto: {cores} CPU cores for the two updates' {need} threads"
+    return False, f"auto: {cores} CPU core(s), fewer than the two updates' {need} threads"
+
+
 class CriticUpdater:
     """The critic (a copy of `policy`'s backbone with a value head), its optimizer and updates.
 
@@ -126,7 +155,8 @@ class CriticUpdater:
         self.sharding.shard(self.critic)
         self.new_optimizer()
         # One worker: the K updates of one step at a time, beside the policy update.
-        self._pool = ThreadPoolExecutor(1, "critic") if cfg.critic.concurrent else None
+        on, _ = concurrent_critic(cfg, device)  # resolved by the Learner; bools pass through
+        self._pool = ThreadPoolExecutor(1, "critic") if on else None
         # Every position GAE reads a value at is trained (observations too, when not skipped).
         self._targets = "action_mask" if cfg.algorithm.skip_observations else "completion_mask"
         # The values can come from the first update's forward when nothing random or

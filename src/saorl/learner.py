@@ -51,7 +51,13 @@ from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
 from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
 from saorl.corrections import finish_gaps, gap_sums, lab_keys, policy_correction
-from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
+from saorl.critic_updater import (
+    CriticUpdater,
+    concurrent_critic,
+    critic_device,
+    plan_rows,
+    share,
+)
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
@@ -91,6 +97,9 @@ class Learner:
         self, cfg: Config, policy: nn.Module, device: torch.device,
         sharding: Sharding | None = None, critic: Any = None,
     ) -> None:  # fmt: skip
+        # critic.concurrent = "auto" decided once, here, for everything built below.
+        on, self.critic_concurrent_why = concurrent_critic(cfg, device)
+        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": on})})
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()

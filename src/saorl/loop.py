@@ -35,10 +35,12 @@ from saorl.checkpoint import load_latest_checkpoint, save_step
 from saorl.checkpoint_shards import open_sharded
 from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.critic_updater import concurrent_critic
 from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
 from saorl.learner import NonFiniteError
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
+from saorl.models.loading import resolve_device
 from saorl.rollout.worker import PromptFeed
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.topology import Topology, build_topology
@@ -144,6 +146,9 @@ def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds:
     summary["run_dir"] = str(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary["collapse"] = detect_collapse(rows, cfg.collapse)
+    if cfg.algorithm.advantage == "gae":  # a critic: were its updates beside the policy's?
+        on, why = concurrent_critic(cfg, resolve_device(cfg.model.device))
+        summary["critic_concurrent"] = {"on": on, "why": why}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -412,13 +412,14 @@ class CriticConfig(_Section):
     lora_alpha: float = Field(
         32.0, gt=0, description="critic LoRA scale numerator (lora_alpha / lora_rank)"
     )
-    concurrent: bool = Field(
-        False,
+    concurrent: bool | Literal["auto"] = Field(
+        "auto",
         description="run the critic's K updates beside the policy update (after the "
         "advantages; same numbers): on a thread of their own in one process, over a process "
         "group of their own with learner.fsdp; a step then takes the longer of the two, not the "
-        "sum. Pays with a second device (critic.device) or idle cores; on a few busy CPU cores "
-        "the two compete for them (docs/performance.md)",
+        "sum. 'auto' = on where it pays: the critic on a device of its own, or a CPU with a "
+        "core to spare for it; off where both would share one GPU (both updates' activations "
+        "at once) or under run.deterministic; summary.json says which and why",
     )
     device: str = Field(
         "",
