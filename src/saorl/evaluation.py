@@ -192,7 +192,10 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
                 raise CheckpointError(f"{path}: its weights are sharded; evaluate {hf} instead")
             raise CheckpointError(f"{path}: holds no policy weights (not a saorl checkpoint)")
         # The weights' shape is the run's own, whatever config the evaluation uses.
-        run_model = load_config(run_config).model
+        # trust_remote_code is this command's, never the run's saved one.
+        run_model = load_config(run_config).model.model_copy(
+            update={"trust_remote_code": cfg.trust_remote_code}
+        )
         policy, tokenizer = load_policy(run_model)
         try:  # a LoRA run's checkpoint holds base and adapters: merged into the plain model
             policy.load_state_dict(merged_checkpoint_policy(state["policy"], run_model))
