@@ -302,7 +302,8 @@ def run_eval(
     for p in problems:
         samples = [
             {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
-             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {})}
+             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {}),
+             **({"error": e.info["error"]} if "error" in e.info else {})}
             for e, txt in zip(episodes, texts, strict=True)
             if e.prompt_key == task_key(p)
         ]  # fmt: skip
@@ -332,6 +333,10 @@ def run_eval(
         **({f"maj@{k}": mean(f"maj@{k}")} if voting else {}),
         **{key.removeprefix("eval/"): v for key, v in summarize(episodes).items()},  # type: ignore[arg-type]
     }
+    # Endpoint replies that were no chat completion: failed episodes, counted by reason.
+    bad = Counter(str(e.info.get("error")) for e in episodes if e.stop_reason == "bad_reply")
+    if bad:
+        summary["bad_replies"] = dict(sorted(bad.items()))
     return summary, rows
 
 
@@ -347,6 +352,9 @@ def write_results(
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from saorl.terminal import printable
 
     env = cfg.env
     name = env.name
@@ -361,11 +369,14 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
-    table = Table(title=f"saorl eval: {model} on {name}")
+    # Names and values come from data and endpoints: control characters escaped, and Text,
+    # not markup, so `[link=...]` in a name stays text.
+    table = Table(title=Text(printable(f"saorl eval: {model} on {name}")))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
         if key != "prompt_template_text":  # in the summary file; too long for the table
-            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+            shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+            table.add_row(Text(printable(key)), Text(printable(shown)))
     Console().print(table)
     return path

@@ -154,7 +154,7 @@ def test_a_model_folders_own_code_runs_only_when_trusted(tmp_path: Path):
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules")}
     # transformers would ask [y/N] on stdin; answering y must change nothing.
     proc = subprocess.run(
-        saorl_cmd("eval", str(folder), "--limit", "1"),
+        saorl_cmd("eval", str(folder), "--limit", "1", "--out", str(tmp_path / "e.jsonl")),
         input="y\ny\ny\n",
         capture_output=True,
         text=True,
