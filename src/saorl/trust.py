@@ -3,7 +3,8 @@
 `saorl eval RUN`, `saorl eval RUN/checkpoints/...` and `saorl train --resume RUN` (and
 `saorl.evaluate`, `saorl.train(resume=)`) start from the run's `config.toml`. A config can name
 Python code: your own environment (`env.name = "file.py:attr"`), reward functions
-(`env.reward_fns`), tool functions (`env.tools`), and a model directory's own code
+(`env.reward_fns`), tool functions (`env.tools`), packages pip builds for coding tasks
+(`env.swe_pip_args`: a local path or another index) and a model directory's own code
 (`model.trust_remote_code = true`). A run folder made by someone else would then run their code
 although its checkpoint pickle is refused, so, as transformers does for `auto_map`, such a
 field read from the saved file is refused (a `ConfigError`, exit 2, naming the key, the code
@@ -32,6 +33,8 @@ def code_references(cfg: Config) -> list[tuple[str, str]]:
         refs.append(("env.name", cfg.env.name))
     refs += [("env.reward_fns", ref) for ref in cfg.env.reward_fns]
     refs += [("env.tools", ref) for ref in cfg.env.tools]
+    if cfg.env.swe_pip_args:  # pip builds and installs what they name (a path, another index)
+        refs.append(("env.swe_pip_args", cfg.env.swe_pip_args))
     if cfg.model.trust_remote_code:
         refs.append(("model.trust_remote_code", f"the Python code of {cfg.model.name_or_path}"))
     return refs

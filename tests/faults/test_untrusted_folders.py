@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -99,13 +100,16 @@ def test_every_field_that_names_code_is_checked(tmp_path: Path, fields: dict, ke
     assert not marker.exists()
 
 
-def test_a_saved_trust_remote_code_is_not_this_commands(tmp_path: Path):
+@pytest.mark.parametrize(
+    "field", ["model.trust_remote_code=true", "env.swe_pip_args=--index-url http://x/simple"]
+)
+def test_saved_settings_that_run_code_are_not_this_commands(tmp_path: Path, field: str):
     run, _ = _planted(tmp_path)
-    (run / "config.toml").write_text(
-        config_to_toml(load_config(None, ["model.trust_remote_code=true"]))
-    )
-    with pytest.raises(ConfigError, match=r"model\.trust_remote_code"):
+    (run / "config.toml").write_text(config_to_toml(load_config(None, [field])))
+    key = field.partition("=")[0]
+    with pytest.raises(ConfigError, match=re.escape(key)):
         load_trusted(None, str(run / "config.toml"), [], trust=False)
+    assert load_trusted(None, str(run / "config.toml"), [field], trust=False)
 
 
 def test_the_python_api_refuses_without_trust_remote_code(tmp_path: Path):
