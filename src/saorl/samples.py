@@ -132,7 +132,7 @@ def sample_row(
         "action_tokens": traj.num_action_tokens,
         "observation_tokens": len(traj.loss_mask) - traj.num_action_tokens,
         "versions": [min(versions), max(versions)] if versions else None,
-        "info": {str(k): _finite(v) for k, v in traj.info.items() if _scalar(v)},
+        "info": {str(_finite(k)): _finite(v) for k, v in traj.info.items() if _scalar(v)},
         "advantage": dict(advantage) if advantage else None,
         "batch_advantage": {
             k.removeprefix("advantage/"): _finite(v)

@@ -205,7 +205,7 @@ def test_sample_logger_and_metrics_take_integers_too_long_for_json(tmp_path: Pat
         reward=1.0,
         stop_reason="answer",
         prompt_key="k",
-        info={"n": huge, "m": -huge, "ok": 3, 7: "int key"},
+        info={"n": huge, "m": -huge, "ok": 3, 7: "int key", huge: "huge key"},
     )
     with MetricsLogger(tmp_path) as log:
         rows = SampleLogger(tmp_path, _Tok(), 1, 4, 1, log).maybe_log(1, [traj], [0], {})
@@ -213,5 +213,6 @@ def test_sample_logger_and_metrics_take_integers_too_long_for_json(tmp_path: Pat
     assert rows and rows[0]["info"]["ok"] == 3
     written = json.loads((tmp_path / "samples.jsonl").read_text())
     assert written["info"]["n"] == "<integer of 16610 bits>" and written["info"]["7"] == "int key"
+    assert written["info"]["<integer of 16610 bits>"] == "huge key"
     metrics = json.loads((tmp_path / "metrics.jsonl").read_text())
     assert metrics["big"] is None and metrics["wide"] == float(2**80)

@@ -234,6 +234,12 @@ class FunctionTools:
             problem = self.check(call)
         except RecursionError:  # arguments nested past what Python can walk
             return f"error: {_show(call.name)}: arguments nested too deeply", "bad_arguments"
+        except Exception as e:  # arguments of a shape no schema check expects (not a dict)
+            why = f"{type(e).__name__}: {_text(e)}"
+            return (
+                f"error: {_show(call.name)}: arguments cannot be checked ({why})",
+                "bad_arguments",
+            )
         if problem:
             status = "unknown_tool" if call.name not in self.functions else "bad_arguments"
             return f"error: {problem}", status
