@@ -36,12 +36,16 @@ def printable(value: Any, *, one_line: bool = False) -> str:
 # What tqdm writes on its own (a bar on stderr: `saorl swe-mine`, hub downloads): a carriage
 # return that redraws the bar's line, and cursor-up moves between its bars.
 _BAR_MOVES = re.compile(r"(\x1b\[A)+")
+# Colours (SGR), as Ray prefixes its actors' log lines with: they change no state beyond the
+# colour of the text that follows.
+_COLOUR = re.compile(r"(\x1b\[[0-9;]*m)")
 
 
 class EscapedStream:
     """A text stream writing `printable(text)` to `stream` (module docstring); the rest of
-    the stream (isatty, fileno, flush, encoding) is `stream`'s. A carriage return opening a
-    write and a write of cursor-up moves only pass as they are: progress bars are drawn so."""
+    the stream (isatty, fileno, flush, encoding) is `stream`'s. Colours, a carriage return
+    opening a write and a write of cursor-up moves only pass as they are: library log lines
+    and progress bars are drawn so."""
 
     def __init__(self, stream: Any) -> None:
         self.stream = stream
@@ -51,7 +55,9 @@ class EscapedStream:
             self.stream.write(text)
         else:
             body = text.lstrip("\r")
-            self.stream.write(text[: len(text) - len(body)] + printable(body))
+            parts = _COLOUR.split(body)  # text, colour, text, ...: the colours kept
+            shown = "".join(p if i % 2 else printable(p) for i, p in enumerate(parts))
+            self.stream.write(text[: len(text) - len(body)] + shown)
         return len(text)
 
     def writelines(self, lines: Any) -> None:

@@ -7,6 +7,7 @@ trajectory's `info`.
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import threading
@@ -19,7 +20,7 @@ import pytest
 from saorl.cli import main
 from saorl.metrics import MetricsLogger
 from saorl.samples import SampleLogger
-from saorl.terminal import printable
+from saorl.terminal import EscapedStream, printable
 from saorl.types import Trajectory
 from tests._chat_stub import ChatStub
 
@@ -120,6 +121,18 @@ def test_printable_escapes_every_control_sequence():
     assert not any(c in shown for c in "\x1b\x07\x9b\u202e")
     assert "\\x1b]0;pwned\\x07" in shown and "\\u202e" in shown and "\tid\nnext" in shown
     assert printable("a\tb\nc", one_line=True) == "a\\x09b\\x0ac"
+
+
+def test_the_stderr_stream_keeps_colours_and_progress_bars_only():
+    out = io.StringIO()
+    stream = EscapedStream(out)
+    stream.write(f"\x1b[36m(actor pid=1)\x1b[0m task {_OSC}\n")
+    stream.write("\r50%|#####     |")
+    stream.write("\x1b[A\x1b[A")
+    written = out.getvalue()
+    assert written.startswith("\x1b[36m(actor pid=1)\x1b[0m task \\x1b]0;pwned\\x07")
+    assert "\\x1b[2J" in written and "\n\r50%" in written and written.endswith("\x1b[A\x1b[A")
+    assert "\x07" not in written and "\x9b" not in written
 
 
 def test_data_in_errors_and_eval_tables_reaches_the_terminal_escaped(tmp_path: Path, capsys):
