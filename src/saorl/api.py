@@ -18,6 +18,10 @@ Ray actors find it. Any other object (defined in a notebook or a `__main__` scri
 `ray.enabled` refuses it with a `ConfigError` that says to name it by a string instead.
 Ray pickling of such objects is not attempted: closures over notebook state rarely survive it.
 
+`trust_remote_code`: as `--trust-remote-code`: run a model directory's own code, and the code
+a run folder's saved config names (without it, `resume=` or `evaluate(RUN)` whose config.toml
+names code you did not pass raises `ConfigError`; `saorl.trust`).
+
 Errors are raised, not turned into exit codes: `ConfigError` for a bad input.
 """
 
@@ -68,6 +72,31 @@ def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any
     return config_from_dict(data)
 
 
+def _trusted(cfg: Config, saved: Any, overrides: Overrides, env: Any, trust: bool) -> Config:
+    """`cfg`, checked by `saorl.trust.check_saved_code` when it came from a run's `saved`
+    config.toml, with `model.trust_remote_code` set when `trust`."""
+    from saorl.trust import check_saved_code, override_keys
+
+    if trust:
+        return cfg.model_copy(
+            update={"model": cfg.model.model_copy(update={"trust_remote_code": True})}
+        )
+    if saved is not None:
+        if isinstance(overrides, Mapping):
+            given = {str(k) for k, v in overrides.items() if "." in str(k)}
+            given |= {f"{k}.{n}" for k, v in overrides.items() if isinstance(v, Mapping) for n in v}
+        else:
+            given = override_keys([overrides] if isinstance(overrides, str) else overrides or [])
+        check_saved_code(
+            cfg,
+            saved,
+            given | ({"env.name"} if env is not None else set()),
+            trust=False,
+            flag="trust_remote_code=True",
+        )
+    return cfg
+
+
 def _env_name(obj: Any) -> str:
     from saorl.envs.custom import register_object
 
@@ -103,19 +132,21 @@ def train(
     env: Any = None,
     overrides: Overrides = None,
     resume: str | os.PathLike[str] | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Train as `saorl train` does; returns the run's summary (also in RUN_DIR/summary.json).
 
     `resume`: continue that run directory; its config.toml is the base config when `config`
     is None (pass `env=` again if the run was started with an object).
     """
+    saved = None
     if resume is not None:
         run_dir = Path(resume)
         if not run_dir.is_dir():
             raise ConfigError(f"resume: run directory not found: {run_dir}")
         if config is None and (run_dir / "config.toml").is_file():
-            config = run_dir / "config.toml"
-    cfg = make_config(config, overrides, env)
+            config = saved = run_dir / "config.toml"
+    cfg = _trusted(make_config(config, overrides, env), saved, overrides, env, trust_remote_code)
     if cfg.ray.enabled and reference_kind(cfg.env.name) == "object":
         raise ConfigError(
             f"env: {cfg.env.name!r} is an object of this process, which Ray actors cannot "
@@ -140,6 +171,7 @@ def evaluate(
     out: str | os.PathLike[str] | None = None,
     progress: bool = False,
     prompt_template: str = "saorl",
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Evaluate as `saorl eval MODEL` does; returns its summary (avg@k, pass@k, maj@k, ...).
 
@@ -149,14 +181,15 @@ def evaluate(
     the summary there, and print the table, as the command does. `prompt_template`: as
     `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`).
     """
-    from saorl.cli import _run_config  # the command's own rule for "the run's config"
+    from saorl.trust import run_config  # the command's own rule for "the run's config"
 
     for name, value in (("k", k), ("limit", limit)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
+    saved = None
     if config is None:
-        config = _run_config(Path(model))
-    cfg = make_config(config, overrides, env)
+        config = saved = run_config(Path(model))
+    cfg = _trusted(make_config(config, overrides, env), saved, overrides, env, trust_remote_code)
     from saorl.evaluation import run_eval, write_results  # imports torch
 
     summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,

@@ -305,12 +305,26 @@ def read_sharded_metadata(folder: str | Path) -> Any:
     other = sorted(str(k) for k, v in entries.items() if not isinstance(v, TensorStorageMetadata))
     if other:
         raise unsafe(f"entries that are not tensors: {', '.join(other)[:200]}")
-    files = set()
-    for info in storage.values():
-        name = str(getattr(info, "relative_path", ""))
-        if not _SHARD_FILE.fullmatch(name) or getattr(info, "transform_descriptors", None):
-            raise unsafe(f"storage {name!r} outside the shard files of the directory")
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    files, checked = set(), {}
+    for index, info in storage.items():
+        # What DCP joins to the directory is the object itself, not its str(): a forged path
+        # object can print as a shard file while its parts name another folder. So only plain
+        # strings pass, and DCP gets records rebuilt from the checked values.
+        name = getattr(info, "relative_path", None)
+        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        if (
+            type(name) is not str
+            or not _SHARD_FILE.fullmatch(name)
+            or getattr(info, "transform_descriptors", None)
+        ):
+            raise unsafe(f"storage {str(name)[:100]!r} outside the shard files of the directory")
+        if type(offset) is not int or type(length) is not int or offset < 0 or length < 0:
+            raise unsafe(f"storage {name!r} with offset {offset!r} and length {length!r}")
         files.add(name)
+        checked[index] = _StorageInfo(relative_path=name, offset=offset, length=length)
+    md.storage_data = checked
     missing = sorted(f for f in files if not (Path(folder) / f).is_file())
     if missing:
         raise DamagedCheckpointError(f"{folder}: shard files missing: {', '.join(missing)}")
@@ -340,6 +354,13 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
             errors.append((path, "not a saorl checkpoint"))
             continue
         if "sharded" in state:  # an FSDP2 run's: the tensors are in the directory it names
+            # Only its own step's directory beside it: never one a crafted file points to.
+            own = path.with_suffix(".dcp").name
+            if not isinstance(state["sharded"], str) or state["sharded"] != own:
+                raise UnsafeCheckpointError(
+                    f"{path}: refused to load: it names the shard directory "
+                    f"{str(state['sharded'])[:200]!r}, not its own {own}"
+                )
             shards = path.parent / str(state["sharded"])
             try:
                 read_sharded_metadata(shards)

@@ -1,9 +1,10 @@
 """The `saorl` command line.
 
     saorl train [--config FILE.toml] [--print-config] [--help-config] [--resume RUN_DIR]
-                [section.field=value ...]
+                [--trust-remote-code] [section.field=value ...]
     saorl eval MODEL [--config FILE.toml] [--print-config] [--k K] [--limit N] [--out FILE]
-               [--base-url URL] [--api-key KEY] [--prompt-template T] [section.field=value ...]
+               [--base-url URL] [--api-key KEY] [--prompt-template T] [--trust-remote-code]
+               [section.field=value ...]
     saorl report RUN_DIR [RUN_DIR ...] [--out PATH]
     saorl compare [--config FILE.toml] [--arms a,b,c] [--out DIR] [--push-every K] [--steps N]
                   [--seeds N] [--jobs J] [section.field=value ...]
@@ -27,8 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from saorl import __version__
-from saorl.config import Config, ConfigError, config_to_toml, describe_config, load_config
+from saorl.config import Config, ConfigError, config_to_toml, describe_config
 from saorl.envs.swe import commands as swe_commands
+from saorl.terminal import escaped_output, printable
+from saorl.trust import FLAG, load_trusted, resume_config, run_config
 
 _TRAIN_EPILOG = """\
 overrides are section.field=value, applied after --config, later ones winning; a value is
@@ -84,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="auto|HOST:PORT",
         help="join a running Ray cluster (ray start --head) instead; implies --ray",
     )
+    _add_trust_flag(train)
     train.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="config overrides"
     )
@@ -118,8 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
     vp.add_argument("--rollouts", type=int, default=1024, help="rollouts of the initial policy")
     vp.add_argument("--epochs", type=int, default=3, help="passes over the training rollouts")
     vp.add_argument("--out", default="runs/value_pretrain/critic.pt")
+    _add_trust_flag(vp)
     vp.add_argument("overrides", nargs="*", metavar="section.field=value")
     return parser
+
+
+def _add_trust_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        FLAG,
+        action="store_true",
+        help="run code a model directory names (auto_map) and code a run folder's saved config "
+        "names (env.name, env.reward_fns, env.tools, env.swe_pip_args): only for folders you "
+        "trust",
+    )
 
 
 _COMPARE_EPILOG = """
@@ -231,6 +246,7 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
     ev.add_argument("--prompt-template", default="saorl", metavar="NAME|TEXT", help="saorl (the "
                     "env's own), boxed, qwen_math, or a text with {problem}")  # fmt: skip
+    _add_trust_flag(ev)
     ev.add_argument("overrides", nargs="*", metavar="section.field=value", help="config overrides")
 
 
@@ -242,6 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2
+    # Data (task ids, problem text, error messages quoting it) reaches stderr and the plain
+    # text of the swe commands escaped: never a terminal control sequence.
+    with escaped_output(stdout=args.command in swe_commands.COMMANDS):
+        return _run(parser, args, extra)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     if args.command in swe_commands.COMMANDS:
         return swe_commands.run(args, extra)
     if args.command == "report":
@@ -275,7 +298,7 @@ def _value_pretrain(args: argparse.Namespace) -> int:
     import json
 
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_trusted(args.config, None, args.overrides, args.trust_remote_code)
         from saorl.value_pretrain import value_pretrain  # imports torch
 
         result = value_pretrain(cfg, Path(args.out), rollouts=args.rollouts, epochs=args.epochs)
@@ -290,7 +313,8 @@ def _train(args: argparse.Namespace) -> int:
         print(describe_config())
         return 0
     try:
-        cfg = _resolve_config(args.config, args.resume, [*args.overrides, *_ray_overrides(args)])
+        overrides = [*args.overrides, *_ray_overrides(args)]
+        cfg = resume_config(args.config, args.resume, overrides, args.trust_remote_code)
     except ConfigError as exc:
         return _config_failure(exc)
     if args.print_config:
@@ -435,7 +459,8 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"saorl eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
     try:
-        cfg = load_config(args.config or _run_config(Path(args.model)), args.overrides)
+        saved = run_config(Path(args.model))
+        cfg = load_trusted(args.config, saved, args.overrides, args.trust_remote_code)
     except ConfigError as exc:
         return _config_failure(exc, "eval")
     if args.print_config:
@@ -451,33 +476,9 @@ def _eval(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
-    print(f"per-problem results: {write_results(args.model, cfg, summary, rows, args.out)}")
+    path = write_results(args.model, cfg, summary, rows, args.out)
+    print(printable(f"per-problem results: {path}"))
     return 0
-
-
-def _run_config(model: Path) -> str | None:
-    """The config.toml of the run MODEL belongs to: RUN, RUN/final, RUN/checkpoints/X.pt or
-    RUN/checkpoints/X.hf."""
-    run = model
-    if (model.suffix == ".pt" and model.is_file()) or (model.suffix == ".hf" and model.is_dir()):
-        run = model.parent.parent
-    elif model.name == "final" and not (model / "config.toml").is_file():
-        run = model.parent
-    saved = run / "config.toml"
-    return str(saved) if saved.is_file() else None
-
-
-def _resolve_config(
-    config_path: str | None, resume: str | None, overrides: Sequence[str]
-) -> Config:
-    if resume is not None:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"--resume: run directory not found: {run_dir}")
-        saved = run_dir / "config.toml"
-        if config_path is None and saved.is_file():
-            config_path = str(saved)
-    return load_config(config_path, overrides)
 
 
 def _config_failure(exc: ConfigError, command: str = "train") -> int:
@@ -491,5 +492,5 @@ def _print_summary(cfg: Config, summary: dict[str, Any]) -> None:
         if key == "run_dir" or not isinstance(value, int | float | str):
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else value
-        print(f"{key}: {shown}")
-    print(f"run directory: {run_dir}")
+        print(printable(f"{key}: {shown}"))
+    print(printable(f"run directory: {run_dir}"))

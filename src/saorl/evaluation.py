@@ -192,7 +192,10 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
                 raise CheckpointError(f"{path}: its weights are sharded; evaluate {hf} instead")
             raise CheckpointError(f"{path}: holds no policy weights (not a saorl checkpoint)")
         # The weights' shape is the run's own, whatever config the evaluation uses.
-        run_model = load_config(run_config).model
+        # trust_remote_code is this command's, never the run's saved one.
+        run_model = load_config(run_config).model.model_copy(
+            update={"trust_remote_code": cfg.trust_remote_code}
+        )
         policy, tokenizer = load_policy(run_model)
         try:  # a LoRA run's checkpoint holds base and adapters: merged into the plain model
             policy.load_state_dict(merged_checkpoint_policy(state["policy"], run_model))
@@ -299,7 +302,8 @@ def run_eval(
     for p in problems:
         samples = [
             {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
-             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {})}
+             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {}),
+             **({"error": e.info["error"]} if "error" in e.info else {})}
             for e, txt in zip(episodes, texts, strict=True)
             if e.prompt_key == task_key(p)
         ]  # fmt: skip
@@ -329,6 +333,10 @@ def run_eval(
         **({f"maj@{k}": mean(f"maj@{k}")} if voting else {}),
         **{key.removeprefix("eval/"): v for key, v in summarize(episodes).items()},  # type: ignore[arg-type]
     }
+    # Endpoint replies that were no chat completion: failed episodes, counted by reason.
+    bad = Counter(str(e.info.get("error")) for e in episodes if e.stop_reason == "bad_reply")
+    if bad:
+        summary["bad_replies"] = dict(sorted(bad.items()))
     return summary, rows
 
 
@@ -344,6 +352,9 @@ def write_results(
 
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
+
+    from saorl.terminal import printable
 
     env = cfg.env
     name = env.name
@@ -358,11 +369,14 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
-    table = Table(title=f"saorl eval: {model} on {name}")
+    # Names and values come from data and endpoints: control characters escaped, and Text,
+    # not markup, so `[link=...]` in a name stays text.
+    table = Table(title=Text(printable(f"saorl eval: {model} on {name}")))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():
         if key != "prompt_template_text":  # in the summary file; too long for the table
-            table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+            shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+            table.add_row(Text(printable(key)), Text(printable(shown)))
     Console().print(table)
     return path

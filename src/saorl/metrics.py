@@ -33,9 +33,17 @@ JSONValue = float | int | str | bool | None
 
 
 def _to_json_value(key: str, value: Any) -> JSONValue:
-    """A JSON-safe scalar: numpy/torch scalars unwrapped, NaN/inf -> None."""
+    """A JSON-safe scalar: numpy/torch scalars unwrapped, NaN/inf (and ints past float range)
+    -> None."""
     if value is None or isinstance(value, str | bool):
         return value
+    if isinstance(value, int) and value.bit_length() > 63:
+        # Past int64: a float (trackers take nothing else), None past the float range; JSON
+        # text could not even hold one of more than 4300 digits.
+        try:
+            return _to_json_value(key, float(value))
+        except OverflowError:
+            return None
     if isinstance(value, int):
         return value
     if isinstance(value, float):

@@ -78,8 +78,16 @@ def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
     return str(tokenizer.decode(list(ids), skip_special_tokens=False))
 
 
+# Python writes an int of at most 4300 digits as text (sys.int_max_str_digits): ~14,000 bits.
+_MAX_INT_BITS = 14_000
+
+
 def _finite(value: Any) -> Any:
-    """NaN and inf as None (JSON has neither); anything else as it is."""
+    """NaN and inf as None (JSON has neither); an integer too long to write as JSON text as a
+    string saying how long it is (an environment's `info` may hold anything); anything else
+    as it is."""
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        return f"<integer of {value.bit_length()} bits>"
     return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
@@ -124,7 +132,7 @@ def sample_row(
         "action_tokens": traj.num_action_tokens,
         "observation_tokens": len(traj.loss_mask) - traj.num_action_tokens,
         "versions": [min(versions), max(versions)] if versions else None,
-        "info": {k: _finite(v) for k, v in traj.info.items() if _scalar(v)},
+        "info": {str(_finite(k)): _finite(v) for k, v in traj.info.items() if _scalar(v)},
         "advantage": dict(advantage) if advantage else None,
         "batch_advantage": {
             k.removeprefix("advantage/"): _finite(v)

@@ -85,9 +85,11 @@ def test_reward_function_over_a_dataset_trains_and_evaluates(tmp_path, layout, r
     assert all(r["rollout/failed"] == 0 for r in trained)
     scored = [r["reward/length_bonus"] for r in trained if "reward/length_bonus" in r]
     assert scored and all(v > 0 for v in scored)
-    # The run's config names the files by absolute path: eval from elsewhere finds them.
+    # The run's config names the files by absolute path: eval from elsewhere finds them (its
+    # reward function is code the run folder names: run only when trusted).
     out = tmp_path / "eval.jsonl"
-    ev = _saorl("eval", str(run), "--limit", "2", "--out", str(out), cwd=tmp_path.parent)
+    ev = _saorl("eval", str(run), "--limit", "2", "--out", str(out), "--trust-remote-code",
+                cwd=tmp_path.parent)  # fmt: skip
     assert ev.returncode == 0, ev.stderr[-4000:]
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(results) == 2

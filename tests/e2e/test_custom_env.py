@@ -160,16 +160,20 @@ def test_resume_eval_and_value_pretrain_with_a_file_env(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # the relative path would no longer resolve from here
-    assert main(["train", "--resume", str(run), "run.total_steps=3"]) == 0
+    # The env is code the run folder names: a resume imports it only when trusted.
+    assert main(["train", "--resume", str(run), "run.total_steps=3"]) == 2
+    assert "--trust-remote-code" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--trust-remote-code", "run.total_steps=3"]) == 0
     assert json.loads((run / "summary.json").read_text())["steps"] == 3
     capsys.readouterr()
 
     out = tmp_path / "eval.jsonl"
-    assert main(["eval", str(run), "--out", str(out)]) == 0  # the run's own env, by its config
+    # the run's own env, by its config
+    assert main(["eval", str(run), "--trust-remote-code", "--out", str(out)]) == 0
     per_problem = [json.loads(x) for x in out.read_text().splitlines()]
     assert [p["key"] for p in per_problem] == ["00", "01", "02", "03"]
 
-    summary = saorl.evaluate(run, limit=2)  # the Python API: the same rule for the config
+    summary = saorl.evaluate(run, limit=2, trust_remote_code=True)  # the same rules
     assert (summary["problems"], summary["k"]) == (2, 1) and 0.0 <= summary["pass@1"] <= 1.0
 
     critic = tmp_path / "critic.pt"

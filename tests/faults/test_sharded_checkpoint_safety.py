@@ -9,8 +9,9 @@ nothing; a directory with a missing shard is damage, and the resume falls back p
 
 from __future__ import annotations
 
+import os
 import pickle
-from pathlib import Path
+from pathlib import Path, PosixPath
 
 import pytest
 import torch
@@ -116,3 +117,49 @@ def test_saorl_train_resume_refuses_a_malicious_sharded_checkpoint(tmp_path: Pat
     _refused(proc, str(folder / ".metadata"), marker)
     assert _snapshot(run) == before
     assert [p.name for p in list_checkpoints(run)][-1] == "step_00000002.pt"
+
+
+class _ForgedPath:
+    """Pickles as a PosixPath whose cached str() is `shown` while its parts are `parts`."""
+
+    def __init__(self, shown: str, *parts: str) -> None:
+        self.shown, self.parts = shown, parts
+
+    def __reduce__(self):
+        return PosixPath, self.parts, (None, {"_str": self.shown})
+
+
+def test_a_forged_path_object_cannot_point_at_another_folders_shards(tmp_path: Path):
+    other = {"policy": {"w": torch.full((2, 3), 7.0)}, "policy_opt": {"w": torch.ones(3)}}
+    victim = _sharded(tmp_path / "victim", 1, other)
+    folder = _sharded(tmp_path / "run", 1)
+    shard = "__0_0.distcp"
+    escape = os.path.relpath(victim / shard, folder)
+    forged = pickle.loads(pickle.dumps(_ForgedPath(shard, *Path(escape).parts)))
+    # What makes it an attack: it prints as a shard file while a join goes elsewhere.
+    assert str(forged) == shard and (folder / forged).resolve() == (victim / shard).resolve()
+
+    def swap(md):
+        for info in md.storage_data.values():
+            info.relative_path = _ForgedPath(shard, *Path(escape).parts)
+        return md
+
+    _rewrite_metadata(folder, swap)
+    with pytest.raises(UnsafeCheckpointError, match="outside the shard files"):
+        read_sharded_metadata(folder)
+    with pytest.raises(CheckpointException, match="refused to load"):
+        dcp.load({"policy": {"w": torch.zeros(2, 3)}}, storage_reader=SafeReader(folder))
+
+
+def test_a_checkpoint_naming_another_folders_shards_is_refused(tmp_path: Path):
+    _sharded(tmp_path / "victim", 1)
+    run = tmp_path / "run"
+    _sharded(run, 1)
+    for name in (
+        "../../victim/checkpoints/step_00000001.dcp",
+        str(tmp_path / "victim" / "checkpoints" / "step_00000001.dcp"),
+        "step_00000002.dcp",
+    ):
+        save_checkpoint(run, 1, {"step": 1, "sharded": name}, keep=0)
+        with pytest.raises(UnsafeCheckpointError, match="names the shard directory"):
+            load_latest_checkpoint(run)

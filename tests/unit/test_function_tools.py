@@ -246,3 +246,45 @@ def test_math_env_in_llama3_format_from_the_config(tmp_path: Path) -> None:
     result = asyncio.run(env.step('{"name": "python", "parameters": {"code": "print(6*7)"}}'))
     assert result.observations[0]["content"].strip() == "42"
     assert asyncio.run(env.step("\\boxed{3}")).reward == 1.0
+
+
+def echo(x):
+    """Return what it got."""
+    return x
+
+
+def fail(x):
+    """Raise with what it got."""
+    raise ValueError(x)
+
+
+def test_call_never_raises_on_deeply_nested_arguments() -> None:
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    tools = FunctionTools([scale, echo, fail], max_output_chars=300)
+    for name, args, status in [
+        ("scale", {"xs": [], "mode": deep}, "bad_arguments"),
+        ("scale", {"xs": [deep]}, "bad_arguments"),
+        ("echo", {"x": deep}, "ok"),
+        ("fail", {"x": deep}, "error"),
+    ]:
+        text, got = asyncio.run(tools.call(_call(name, args)))
+        assert got == status and len(text) <= 400, (name, text[:200])
+    assert "ValueError" in asyncio.run(tools.call(_call("fail", {"x": deep})))[0]
+    text, status = asyncio.run(tools.call(_call("scale", 5)))  # type: ignore[arg-type]
+    assert status == "bad_arguments" and "cannot be checked" in text
+
+
+def test_error_observations_are_capped_like_results() -> None:
+    tools = FunctionTools([scale, fail], max_output_chars=500)
+    huge = "x" * 5_000_000
+    for call in [
+        _call("scale", {"xs": [], "mode": huge}),
+        _call(huge, {}),
+        _call("scale", {"xs": [], huge: 1}),
+        _call("fail", {"x": huge}),
+    ]:
+        text, status = asyncio.run(tools.call(call))
+        assert text.startswith("error: ") and len(text) < 600, status
+        assert text.endswith("more characters)") or len(text) <= 500

@@ -88,6 +88,12 @@ class ModelConfig(_Section):
         "the learner; vLLM picks its own): 'sdpa' (torch), 'eager' (reference), "
         "'flash_attention_2' (CUDA, the flash-attn package, bfloat16/float16)",
     )
+    trust_remote_code: bool = Field(
+        False,
+        description="run the Python code a model directory names (config.json 'auto_map'); "
+        "false = never (transformers is told so, never asked on stdin); a run folder's saved "
+        "true counts only with --trust-remote-code (docs/cli.md)",
+    )
 
     @field_validator("name_or_path")
     @classmethod

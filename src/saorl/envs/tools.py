@@ -9,8 +9,9 @@ bool, list[...], dict, Optional, Literal; anything else accepts any value), the 
 parameter without one is required) and the docstring: its first paragraph describes the
 function, a Google-style `Args:` or NumPy-style `Parameters` section describes the parameters.
 
-`FunctionTools.call` never raises: an unknown tool, arguments that do not fit the schema, an
-exception and a timeout come back as `error: ...` text for the model to read. The functions
+`FunctionTools.call` never raises: an unknown tool, arguments that do not fit the schema
+(nested however deep), an exception and a timeout come back as `error: ...` text for the model
+to read, cut to `max_output_chars` (at least 300 characters) like any result. The functions
 run in this process (sync ones in a thread, async ones awaited): they are your own trusted
 code. Code the model writes belongs in the sandboxed `python` tool instead.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -64,6 +66,13 @@ def _type_schema(tp: Any) -> dict[str, Any]:
 
 
 _ARG_SECTIONS = ("args", "arguments", "parameters", "params")
+# Values quoted in error texts: a few levels and items deep, whatever the model sent.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+
+
+def _show(value: Any) -> str:
+    return _SHORT.repr(value)
 
 
 def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
@@ -130,9 +139,9 @@ def _mismatch(value: Any, schema: dict[str, Any], where: str) -> str | None:
     if value is None:
         return None if schema.get("nullable") or not schema else f"{where} must not be null"
     if "anyOf" in schema and all(_mismatch(value, s, where) for s in schema["anyOf"]):
-        return f"{where}: {value!r} fits none of the allowed types"
+        return f"{where}: {_show(value)} fits none of the allowed types"
     if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {schema['enum']}, not {value!r}"
+        return f"{where} must be one of {schema['enum']}, not {_show(value)}"
     kind = schema.get("type")
     ok = {
         "integer": isinstance(value, int) and not isinstance(value, bool),
@@ -211,8 +220,26 @@ class FunctionTools:
 
     async def call(self, call: ToolCall) -> tuple[str, str]:
         """`(text, status)`: the result as text, status `ok`, or an `error: ...` text with
-        status `unknown_tool`, `bad_arguments`, `error` (it raised) or `timeout`."""
-        problem = self.check(call)
+        status `unknown_tool`, `bad_arguments`, `error` (it raised) or `timeout`; the text cut
+        to `max_output_chars` either way (an error to at least 300 characters)."""
+        text, status = await self._call(call)
+        # An error keeps enough of itself to say what was wrong, however small the cap.
+        cap = self.max_output_chars if status == "ok" else max(self.max_output_chars, 300)
+        if len(text) > cap:
+            text = f"{text[:cap]}\n... ({len(text) - cap} more characters)"
+        return text, status
+
+    async def _call(self, call: ToolCall) -> tuple[str, str]:
+        try:
+            problem = self.check(call)
+        except RecursionError:  # arguments nested past what Python can walk
+            return f"error: {_show(call.name)}: arguments nested too deeply", "bad_arguments"
+        except Exception as e:  # arguments of a shape no schema check expects (not a dict)
+            why = f"{type(e).__name__}: {_text(e)}"
+            return (
+                f"error: {_show(call.name)}: arguments cannot be checked ({why})",
+                "bad_arguments",
+            )
         if problem:
             status = "unknown_tool" if call.name not in self.functions else "bad_arguments"
             return f"error: {problem}", status
@@ -228,9 +255,13 @@ class FunctionTools:
         except TimeoutError:
             return f"error: {call.name} timed out after {self.timeout_s:g} s", "timeout"
         except Exception as e:  # the tool's failure is an observation, not a crash
-            return f"error: {call.name} raised {type(e).__name__}: {e}", "error"
-        text = str(result)
-        if len(text) > self.max_output_chars:
-            cut = len(text) - self.max_output_chars
-            text = f"{text[: self.max_output_chars]}\n... ({cut} more characters)"
-        return text, "ok"
+            return f"error: {call.name} raised {type(e).__name__}: {_text(e)}", "error"
+        return _text(result), "ok"
+
+
+def _text(value: Any) -> str:
+    """`str(value)`; what cannot be made text (nested too deeply, a raising __str__) named."""
+    try:
+        return str(value)
+    except Exception as e:  # RecursionError included
+        return f"<{type(value).__name__} that cannot be shown: {type(e).__name__}>"

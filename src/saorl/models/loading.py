@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shutil
@@ -97,15 +98,18 @@ def load_policy(cfg: ModelConfig) -> tuple[torch.nn.Module, PreTrainedTokenizerB
         path = model_dir(cfg.name_or_path)
         if not (path / "config.json").exists():
             raise ConfigError(f"model.name_or_path: {path} has no config.json")
-        tokenizer = _load_tokenizer(path)
+        trust = cfg.trust_remote_code
+        tokenizer = _load_tokenizer(path, trust)
         try:
+            # Always said explicitly: left unset, transformers asks [y/N] on stdin for a
+            # directory with `auto_map`, and a `y` runs the directory's code.
             model = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=dtype, attn_implementation=attn
+                str(path), dtype=dtype, attn_implementation=attn, trust_remote_code=trust
             )
         except Exception as e:  # any library's failure, reported with the directory it concerns
             raise ConfigError(
                 f"model.name_or_path: could not load the weights in {path} (missing or damaged "
-                f"shard?): {type(e).__name__}: {e}"
+                f"shard?): {type(e).__name__}: {e}{_remote_code_hint(path, trust)}"
             ) from e
     model.to(dtype)
     if getattr(model.config, "vocab_size", len(tokenizer)) < len(tokenizer):
@@ -239,17 +243,32 @@ def critic_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> Any:
     return adamw(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _load_tokenizer(path: Path) -> PreTrainedTokenizerBase:
+def _remote_code_hint(path: Path, trust: bool) -> str:
+    """Why loading may have failed when `path`'s config.json names code saorl did not run."""
+    try:
+        names_code = not trust and "auto_map" in json.loads((path / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        names_code = False
+    if not names_code:
+        return ""
+    return (
+        f"; {path}/config.json names Python code of its own (auto_map), which saorl runs only "
+        "with --trust-remote-code (model.trust_remote_code = true): for directories you trust"
+    )
+
+
+def _load_tokenizer(path: Path, trust: bool = False) -> PreTrainedTokenizerBase:
     """The tokenizer in `path`, checked to be usable: it encodes text and has an EOS token.
 
     transformers falls back to an empty tokenizer when the files are missing, which would only
     fail later inside the model with a shape error; this says what is wrong instead.
     """
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust)
     except Exception as e:  # any library's failure, reported with the directory it concerns
         raise ConfigError(
-            f"model.name_or_path: could not load the tokenizer in {path}: {type(e).__name__}: {e}"
+            f"model.name_or_path: could not load the tokenizer in {path}: {type(e).__name__}: "
+            f"{e}{_remote_code_hint(path, trust)}"
         ) from e
     if len(tokenizer) < 2 or not tokenizer("1 + 1 = 2").input_ids or tokenizer.eos_token is None:
         raise ConfigError(

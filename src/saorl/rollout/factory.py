@@ -57,5 +57,6 @@ def build_engine(
             enforce_eager=rc.vllm_enforce_eager,
             recompute_kv=rc.vllm_recompute_kv_on_update,
             record_routing=cfg.algorithm.routing_replay,
+            trust_remote_code=cfg.model.trust_remote_code,
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")

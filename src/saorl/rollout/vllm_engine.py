@@ -218,6 +218,7 @@ class VLLMEngine:
         enforce_eager: bool = False,
         recompute_kv: bool = True,
         record_routing: bool = False,
+        trust_remote_code: bool = False,
     ) -> VLLMEngine:
         """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
         `record_routing`: completions carry the MoE routing (`saorl.rollout.vllm_moe`)."""
@@ -239,6 +240,7 @@ class VLLMEngine:
                 gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
                 enforce_eager=enforce_eager, prefix_caching=recompute_kv,
                 eos_id=tokenizer.eos_token_id, read_prefix_cache=not record_routing,
+                trust_remote_code=trust_remote_code,
             )  # fmt: skip
             recorder = None
             if record_routing:
@@ -417,6 +419,7 @@ def build_llm(
     prefix_caching: bool,
     eos_id: int | None,
     read_prefix_cache: bool = True,
+    trust_remote_code: bool = False,
 ) -> tuple[Any, Any, Any]:
     """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders."""
     # Read by vLLM when it builds its config: run the engine core in this process.
@@ -433,6 +436,7 @@ def build_llm(
 
     args = EngineArgs(
         model=str(model_dir),
+        trust_remote_code=trust_remote_code,  # model.trust_remote_code, said explicitly
         skip_tokenizer_init=True,
         load_format="dummy",  # weights come through update_weights
         dtype=dtype,
