@@ -164,7 +164,7 @@ def _add_compare_parser(commands: Any) -> None:
         "--push-every",
         type=int,
         metavar="K",
-        help="push weights to the engines every K optimizer steps (learner.push_every), "
+        help="push weights to the engines every K policy versions (learner.push_every), "
         "forcing staler rollouts",
     )
     cmp.add_argument("--steps", type=int, metavar="N", help="run.total_steps of every arm")

@@ -5,7 +5,8 @@
     learner, each step:
         take the first `batch_size` finished trajectories (drop and count the too-stale ones)
         -> SAO step (critic values, GAE, K critic updates, DIS policy update)
-        -> push weights to the engines every `push_every` versions -> log / eval / checkpoint
+        -> push weights to the engines once `push_every` policy versions have passed since the
+           last push -> log / eval / checkpoint
         -> collapse detection on the step's metrics (`saorl.collapse`; `run.stop_on_collapse`
            ends the run here, with a checkpoint)
     final eval, checkpoint, summary.json, report.png (a NaN streak writes summary.json too)
@@ -171,20 +172,21 @@ def _rl_loop(
     stopped_by, failure = "total_steps", None
     try:
         pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
+        pushed = learner.version  # the engines start at the learner's weights
         t0 = time.perf_counter()
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
             got = pool.collect(learner.version, lc.batch_size, lc.max_staleness)
             stale = [t.staleness(learner.version) for t in got.trajectories]
             batch = Batch.from_trajectories(got.trajectories, tokenizer.pad_token_id)
-            version_before = learner.version
             try:
                 metrics = learner.step(batch)
             except NonFiniteError as e:  # the summary still says what happened
                 stopped_by, failure = "nonfinite", e
                 break
-            if learner.version != version_before and learner.version % lc.push_every == 0:
+            if push_due(learner.version, pushed, lc.push_every):
                 pool.update_weights()  # a generation in flight continues under the new weights
+                pushed = learner.version
             totals["waited_s"] += got.waited_s
             totals["dropped"] += got.dropped
             metrics["step"] = learner.steps
@@ -231,6 +233,17 @@ def _rl_loop(
         "stop_reason": _stop_reason(stopped_by, detector, failure, cfg),
     }
     return summary, failure
+
+
+def push_due(version: int, pushed: int, push_every: int) -> bool:
+    """Whether the engines, at policy version `pushed`, are due the learner's `version`.
+
+    Counted in policy versions since the last push, not as multiples of `push_every`: one step
+    adds `algorithm.minibatches` versions (fewer when a mini-step is skipped for a non-finite
+    gradient), so a version that is a multiple of `push_every` may never come, and engines that
+    are never updated make every rollout too stale to train (a livelock).
+    """
+    return version - pushed >= push_every
 
 
 def admission_lookahead(cfg: Config) -> int:
