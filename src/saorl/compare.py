@@ -54,6 +54,7 @@ from saorl.compare_report import (  # noqa: F401
     write_compare_report,
 )
 from saorl.config import Config, ConfigError, load_config
+from saorl.config.io import toml_string
 from saorl.metrics import METRICS_FILE
 
 
@@ -66,11 +67,6 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     from saorl.loop import train_from_config as train
 
     return train(cfg, resume=resume)
-
-
-def _toml_string(text: str) -> str:
-    # A JSON string literal is a valid TOML basic string: paths with spaces or quotes survive.
-    return json.dumps(text)
 
 
 def _shared_overrides(
@@ -86,8 +82,8 @@ def _shared_overrides(
 
 def _fixed_overrides(out_dir: Path, name: str) -> list[str]:
     return [
-        f"run.output_dir={_toml_string(str(out_dir))}",
-        f"run.name={_toml_string(name)}",
+        f"run.output_dir={toml_string(str(out_dir))}",
+        f"run.name={toml_string(name)}",
         "run.progress=false",
     ]
 
