@@ -54,11 +54,11 @@ from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
-    k3,
     logprob_mismatch,
     masked_aggregate,
     positive_lm_loss,
     ppo_clip_policy_loss,
+    sampler_kl_penalty,
 )
 from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
@@ -300,10 +300,9 @@ class Learner:
         ent = masked_aggregate(entropy, mask, algo.loss_agg)
         if algo.entropy_coef:
             loss = loss - algo.entropy_coef * ent
-        if algo.kl_coef:  # optional penalty: k3 estimate of KL(current || rollout)
-            loss = loss + algo.kl_coef * masked_aggregate(
-                k3(x.rollout_logprobs - logprobs), mask, algo.loss_agg
-            )
+        if algo.kl_coef:  # optional penalty: k3 estimate of KL(rollout || current)
+            kl = sampler_kl_penalty(logprobs, x.rollout_logprobs, mask, algo.loss_agg)
+            loss = loss + algo.kl_coef * kl
         total = loss * w
         if algo.lm_loss_coef:  # weighted by mb's share of the correct rows' tokens of `part`
             lm, _ = positive_lm_loss(logprobs, mask, positive[0], algo.loss_agg, tensors=True)
