@@ -45,6 +45,13 @@ Overrides = Mapping[str, Any] | Sequence[str] | None
 
 def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any = None) -> Config:
     """A validated `Config` from any of the forms `train` accepts."""
+    if isinstance(config, Config) and overrides is None and env is None:
+        return config  # validated when it was made
+    as_cli = isinstance(config, str | os.PathLike | None) and env is None
+    if as_cli and not isinstance(overrides, Mapping):
+        # The command line's own reading: errors name the file or override they came from.
+        items = [overrides] if isinstance(overrides, str) else list(overrides or ())
+        return load_config(None if config is None else Path(config), items)
     if config is None:
         data: dict[str, Any] = {}
     elif isinstance(config, Config):
@@ -97,6 +104,49 @@ def _merge(data: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def run_config(model: str | os.PathLike[str]) -> str | None:
+    """The config.toml of the run `model` belongs to: RUN, RUN/final, RUN/checkpoints/X.pt or
+    RUN/checkpoints/X.hf; None when it belongs to no run."""
+    model = Path(model)
+    run = model
+    if (model.suffix == ".pt" and model.is_file()) or (model.suffix == ".hf" and model.is_dir()):
+        run = model.parent.parent
+    elif model.name == "final" and not (model / "config.toml").is_file():
+        run = model.parent
+    saved = run / "config.toml"
+    return str(saved) if saved.is_file() else None
+
+
+def train_config(
+    config: ConfigLike = None,
+    overrides: Overrides = None,
+    env: Any = None,
+    resume: str | os.PathLike[str] | None = None,
+    flag: str = "resume",
+) -> Config:
+    """The config `train` runs: with `resume`, that run directory must exist and its
+    config.toml is the base config when `config` is None (`saorl train --resume` too; `flag`
+    names the argument in errors)."""
+    if resume is not None:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"{flag}: run directory not found: {run_dir}")
+        if config is None and (run_dir / "config.toml").is_file():
+            config = run_dir / "config.toml"
+    return make_config(config, overrides, env)
+
+
+def eval_config(
+    model: str | os.PathLike[str],
+    config: ConfigLike = None,
+    overrides: Overrides = None,
+    env: Any = None,
+) -> Config:
+    """The config `evaluate` runs: `config`, else the config.toml of the run `model` belongs
+    to (`run_config`), else the defaults; then `overrides` (`saorl eval` too)."""
+    return make_config(run_config(model) if config is None else config, overrides, env)
+
+
 def train(
     config: ConfigLike = None,
     *,
@@ -109,13 +159,7 @@ def train(
     `resume`: continue that run directory; its config.toml is the base config when `config`
     is None (pass `env=` again if the run was started with an object).
     """
-    if resume is not None:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"resume: run directory not found: {run_dir}")
-        if config is None and (run_dir / "config.toml").is_file():
-            config = run_dir / "config.toml"
-    cfg = make_config(config, overrides, env)
+    cfg = train_config(config, overrides, env, resume)
     if cfg.ray.enabled and reference_kind(cfg.env.name) == "object":
         raise ConfigError(
             f"env: {cfg.env.name!r} is an object of this process, which Ray actors cannot "
@@ -149,14 +193,10 @@ def evaluate(
     the summary there, and print the table, as the command does. `prompt_template`: as
     `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`).
     """
-    from saorl.cli import _run_config  # the command's own rule for "the run's config"
-
     for name, value in (("k", k), ("limit", limit)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if config is None:
-        config = _run_config(Path(model))
-    cfg = make_config(config, overrides, env)
+    cfg = eval_config(model, config, overrides, env)
     from saorl.evaluation import run_eval, write_results  # imports torch
 
     summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from saorl import __version__
+from saorl import __version__, api
 from saorl.config import Config, ConfigError, config_to_toml, describe_config, load_config
 from saorl.envs.swe import commands as swe_commands
 
@@ -290,16 +290,16 @@ def _train(args: argparse.Namespace) -> int:
         print(describe_config())
         return 0
     try:
-        cfg = _resolve_config(args.config, args.resume, [*args.overrides, *_ray_overrides(args)])
+        overrides = [*args.overrides, *_ray_overrides(args)]
+        cfg = api.train_config(args.config, overrides, resume=args.resume, flag="--resume")
     except ConfigError as exc:
         return _config_failure(exc)
     if args.print_config:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
-    from saorl.checkpoint import list_checkpoints
+    from saorl.checkpoint import list_checkpoints  # imports torch: only when a run starts
     from saorl.learner import NonFiniteError
-    from saorl.loop import train_from_config  # imports torch: only when a run starts
 
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
         # Refused before anything runs: a folder that is no run is left exactly as it was.
@@ -311,7 +311,7 @@ def _train(args: argparse.Namespace) -> int:
     output_dir = Path(cfg.run.output_dir)
     before = _entries(output_dir)
     try:
-        summary = train_from_config(cfg, resume=args.resume)
+        summary = api.train(cfg, resume=args.resume)
     except ConfigError as exc:
         if args.resume is None:
             _remove_failed_run(cfg, output_dir, before)
@@ -435,7 +435,7 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"saorl eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
     try:
-        cfg = load_config(args.config or _run_config(Path(args.model)), args.overrides)
+        cfg = api.eval_config(args.model, args.config, args.overrides)
     except ConfigError as exc:
         return _config_failure(exc, "eval")
     if args.print_config:
@@ -453,31 +453,6 @@ def _eval(args: argparse.Namespace) -> int:
         return 2
     print(f"per-problem results: {write_results(args.model, cfg, summary, rows, args.out)}")
     return 0
-
-
-def _run_config(model: Path) -> str | None:
-    """The config.toml of the run MODEL belongs to: RUN, RUN/final, RUN/checkpoints/X.pt or
-    RUN/checkpoints/X.hf."""
-    run = model
-    if (model.suffix == ".pt" and model.is_file()) or (model.suffix == ".hf" and model.is_dir()):
-        run = model.parent.parent
-    elif model.name == "final" and not (model / "config.toml").is_file():
-        run = model.parent
-    saved = run / "config.toml"
-    return str(saved) if saved.is_file() else None
-
-
-def _resolve_config(
-    config_path: str | None, resume: str | None, overrides: Sequence[str]
-) -> Config:
-    if resume is not None:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"--resume: run directory not found: {run_dir}")
-        saved = run_dir / "config.toml"
-        if config_path is None and saved.is_file():
-            config_path = str(saved)
-    return load_config(config_path, overrides)
 
 
 def _config_failure(exc: ConfigError, command: str = "train") -> int:

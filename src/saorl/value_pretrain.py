@@ -82,12 +82,7 @@ def value_pretrain(
             learner.warm_up(spec, tokenizer, progress)
     rng = random.Random(cfg.run.seed + 7)
     problems = [spec.task.sample(rng) for _ in range(rollouts)]
-    trajs = run_episodes(
-        learner.policy, tokenizer, spec, problems,
-        max_seq_len=cfg.model.max_seq_len, max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.run.seed + 7,
-        stop=tuple(cfg.rollout.stop),
-    )  # fmt: skip
+    trajs = run_episodes(learner.policy, tokenizer, spec, problems, cfg, seed=cfg.run.seed + 7)
     trajs = [t for t in trajs if t.stop_reason not in UNTRAINABLE]  # as the collector drops
     if len(trajs) < 2:
         raise ConfigError(
