@@ -8,6 +8,10 @@ For SAO (docs/design.md section 1) one step on a batch of finished single rollou
 3. K critic optimizer steps on the value loss;
 4. unless still in critic warm-up, one DIS policy step; the policy version then advances.
 
+The same step written flat, in one function to read first: `sao_step` in
+examples/minimal_sao.py; tests/integration/test_minimal_sao_parity.py holds the two equal
+(losses, updated policy and critic weights) on the same batch and weights.
+
 `algorithm.advantage` picks step 1-3 (`gae`) or a critic-free estimator (`group`: GRPO's
 group-normalised outcome, `running_mean`: reward minus the prompt's running mean);
 `algorithm.policy_loss` picks the ratio of step 4 (`dis`: against the engine's recorded
