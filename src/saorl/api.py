@@ -199,9 +199,16 @@ def evaluate(
     cfg = eval_config(model, config, overrides, env)
     from saorl.evaluation import run_eval, write_results  # imports torch
 
-    summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,
-                             api_key=api_key, progress=progress,
-                             prompt_template=prompt_template)  # fmt: skip
+    summary, rows = run_eval(
+        str(model),
+        cfg,
+        k=k,
+        limit=limit,
+        base_url=base_url,
+        api_key=api_key,
+        progress=progress,
+        prompt_template=prompt_template,
+    )
     if out is not None:
         write_results(str(model), cfg, summary, rows, str(out))
     return summary

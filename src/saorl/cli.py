@@ -169,15 +169,21 @@ def _add_compare_parser(commands: Any) -> None:
     )
     cmp.add_argument("--steps", type=int, metavar="N", help="run.total_steps of every arm")
     cmp.add_argument(
-        "--seeds", type=int, default=1, metavar="N",
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
         help="runs per arm, seeds run.seed .. run.seed+N-1, into OUT/ARM/seedS; the report "
         "gives mean, spread and collapse fraction per arm (default 1: OUT/ARM)",
-    )  # fmt: skip
+    )
     cmp.add_argument(
-        "--jobs", type=int, default=1, metavar="J",
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="J",
         help="runs at a time, each in its own process (default 1; more only with 2 cores per "
         "run to spare, or runs slow each other down and measure less asynchrony)",
-    )  # fmt: skip
+    )
     cmp.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="overrides for every arm"
     )
@@ -229,8 +235,12 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (default evals/NAME.jsonl)")
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
-    ev.add_argument("--prompt-template", default="saorl", metavar="NAME|TEXT", help="saorl (the "
-                    "env's own), boxed, qwen_math, or a text with {problem}")  # fmt: skip
+    ev.add_argument(
+        "--prompt-template",
+        default="saorl",
+        metavar="NAME|TEXT",
+        help="saorl (the env's own), boxed, qwen_math, or a text with {problem}",
+    )
     ev.add_argument("overrides", nargs="*", metavar="section.field=value", help="config overrides")
 
 
@@ -304,10 +314,8 @@ def _train(args: argparse.Namespace) -> int:
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
         # Refused before anything runs: a folder that is no run is left exactly as it was.
         where = Path(args.resume) / "checkpoints"
-        return _config_failure(ConfigError(
-            f"--resume: no checkpoint in {where}: nothing to resume (start a new run without "
-            "--resume)"
-        ))  # fmt: skip
+        why = "nothing to resume (start a new run without --resume)"
+        return _config_failure(ConfigError(f"--resume: no checkpoint in {where}: {why}"))
     output_dir = Path(cfg.run.output_dir)
     before = _entries(output_dir)
     try:
@@ -390,8 +398,12 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from saorl.compare import failed_runs, run_compare, split_arms
 
-    for flag, value in (("--push-every", args.push_every), ("--steps", args.steps),
-                        ("--seeds", args.seeds), ("--jobs", args.jobs)):  # fmt: skip
+    for flag, value in (
+        ("--push-every", args.push_every),
+        ("--steps", args.steps),
+        ("--seeds", args.seeds),
+        ("--jobs", args.jobs),
+    ):
         if value is not None and value < 1:
             print(f"saorl compare: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
@@ -444,10 +456,16 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         from saorl.evaluation import run_eval, write_results  # imports torch
 
-        summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
-                                 base_url=args.base_url, api_key=args.api_key,
-                                 progress=sys.stderr.isatty(),
-                                 prompt_template=args.prompt_template)  # fmt: skip
+        summary, rows = run_eval(
+            args.model,
+            cfg,
+            k=args.k,
+            limit=args.limit,
+            base_url=args.base_url,
+            api_key=args.api_key,
+            progress=sys.stderr.isatty(),
+            prompt_template=args.prompt_template,
+        )
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2

@@ -258,9 +258,13 @@ class CriticUpdater:
         return done
 
     def update(
-        self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor,
+        self,
+        b: Batch,
+        micro: list[MicroBatch],
+        values: torch.Tensor,
+        returns: torch.Tensor,
         first: torch.Tensor | None = None,
-    ) -> CriticUpdate:  # fmt: skip
+    ) -> CriticUpdate:
         """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy).
         `first`: the loss of the first update, whose gradients `prepare` already holds."""
         skipped = torch.zeros((), dtype=torch.long, device=self.device)
@@ -291,16 +295,25 @@ class CriticUpdater:
         return total, norm, ok
 
     def _backward(
-        self, mb: MicroBatch, b: Batch, x: Batch, values: torch.Tensor, returns: torch.Tensor,
+        self,
+        mb: MicroBatch,
+        b: Batch,
+        x: Batch,
+        values: torch.Tensor,
+        returns: torch.Tensor,
         old_values: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Backward of micro-batch `x`'s share of the value loss; returns that share, detached."""
         cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
         loss, _ = value_loss(
-            values, returns, getattr(x, self._targets),
+            values,
+            returns,
+            getattr(x, self._targets),
             old_values=old_values if cc.value_clip else None,
-            clip=cc.value_clip, agg=agg, tensors=True,
-        )  # fmt: skip
+            clip=cc.value_clip,
+            agg=agg,
+            tensors=True,
+        )
         w = share(getattr(x, self._targets), getattr(b, self._targets), agg) * mb.weight
         (loss * w).backward()
         return loss.detach() * w
@@ -319,13 +332,16 @@ class CriticUpdater:
 
     def state_dict(self) -> dict[str, Any]:
         """`critic` and `critic_opt`, the learner checkpoint's entries (gathered when sharded)."""
-        return {"critic": self.sharding.full_state(self.critic),
-                "critic_opt": self.sharding.optimizer_state(self.critic, self.opt)}  # fmt: skip
+        return {
+            "critic": self.sharding.full_state(self.critic),
+            "critic_opt": self.sharding.optimizer_state(self.critic, self.opt),
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict` (every rank calls it when sharded)."""
-        self.sharding.load_state(self.critic, state.get("critic", {}), self.opt,
-                                 state.get("critic_opt"))  # fmt: skip
+        self.sharding.load_state(
+            self.critic, state.get("critic", {}), self.opt, state.get("critic_opt")
+        )
 
     def load(self, path: str) -> None:
         """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""

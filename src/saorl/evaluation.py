@@ -51,11 +51,23 @@ def run_episodes(
     cfg = cfg.model_copy(
         update={"algorithm": cfg.algorithm.model_copy(update={"routing_replay": False})}
     )
-    engine = build_engine(cfg, model, tokenizer, seed=seed, share_model=True,
-                          max_concurrent=max(roll.max_concurrent, 256))  # fmt: skip
-    limits = AgentLimits(max_seq_len, roll.max_new_tokens, spec.max_turns, spec.max_tool_calls,
-                         (*spec.stop, *roll.stop), greedy=greedy,
-                         env_timeout_s=spec.step_timeout_s)  # fmt: skip
+    engine = build_engine(
+        cfg,
+        model,
+        tokenizer,
+        seed=seed,
+        share_model=True,
+        max_concurrent=max(roll.max_concurrent, 256),
+    )
+    limits = AgentLimits(
+        max_seq_len,
+        roll.max_new_tokens,
+        spec.max_turns,
+        spec.max_tool_calls,
+        (*spec.stop, *roll.stop),
+        greedy=greedy,
+        env_timeout_s=spec.step_timeout_s,
+    )
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)
     results: list[Trajectory] = []
@@ -264,10 +276,19 @@ def run_eval(
             from saorl.rollout.openai_client import chat_episode
 
             def one(p: Any) -> Any:
-                ep = chat_episode(base_url, model, spec.make_env(), p,
-                                  max_turns=spec.max_turns, max_tool_calls=spec.max_tool_calls,
-                                  stop=stop, temperature=roll.temperature, top_p=roll.top_p,
-                                  max_tokens=roll.max_new_tokens, api_key=api_key)  # fmt: skip
+                ep = chat_episode(
+                    base_url,
+                    model,
+                    spec.make_env(),
+                    p,
+                    max_turns=spec.max_turns,
+                    max_tool_calls=spec.max_tool_calls,
+                    stop=stop,
+                    temperature=roll.temperature,
+                    top_p=roll.top_p,
+                    max_tokens=roll.max_new_tokens,
+                    api_key=api_key,
+                )
                 tick()
                 return ep
 
@@ -288,14 +309,22 @@ def run_eval(
     rows = []
     for p in problems:
         samples = [
-            {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
-             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {})}
+            {
+                "reward": e.reward,
+                "stop_reason": e.stop_reason,
+                "tool_calls": e.info.get("tool_calls", 0),
+                "text": txt,
+                **({"answer": vote(txt)} if voting else {}),
+            }
             for e, txt in zip(episodes, texts, strict=True)
             if e.prompt_key == task_key(p)
-        ]  # fmt: skip
-        row = {"key": task_key(p), "prompt": getattr(p, "prompt", None),
-               "reference": getattr(p, "answer", None),  # your own tasks need neither
-               **stats.get(task_key(p), {})}  # fmt: skip
+        ]
+        row = {
+            "key": task_key(p),
+            "prompt": getattr(p, "prompt", None),
+            "reference": getattr(p, "answer", None),  # your own tasks need neither
+            **stats.get(task_key(p), {}),
+        }
         row[f"avg@{k}"] = row.get("pass@1", 0.0)
         if voting:
             answers = [s["answer"] for s in samples]

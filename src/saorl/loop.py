@@ -117,11 +117,12 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
             }
             log.log({"step": 0, **ev})
-            save_step(learner, tokenizer, run_dir, {"prompt_rng": prompt_rng.getstate(),
-                      "data_position": started, **extra}, cfg.run.save_hf)  # fmt: skip
+            rollout_state = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
+            save_step(learner, tokenizer, run_dir, {**rollout_state, **extra}, cfg.run.save_hf)
         t_start = time.perf_counter()
-        summary, failure = _rl_loop(cfg, placed, spec, prompt_rng, started, extra, run_dir, log,
-                                    progress, resumed=state)  # fmt: skip
+        summary, failure = _rl_loop(
+            cfg, placed, spec, prompt_rng, started, extra, run_dir, log, progress, resumed=state
+        )
         _write_summary(cfg, run_dir, summary, time.perf_counter() - t_start)
         if failure is not None:  # inside the `with`: the trackers close as failed
             _write_report(run_dir)
@@ -157,12 +158,25 @@ def _rl_loop(
     lc = cfg.learner
     lookahead = admission_lookahead(cfg)
     group_size = cfg.algorithm.samples_per_prompt  # groups for GRPO and VAPO's group sampling
-    feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started,
-                      group_size=group_size)  # fmt: skip
+    feed = PromptFeed(
+        spec.task,
+        prompt_rng,
+        lc.batch_size,
+        lookahead,
+        learner.steps,
+        started,
+        group_size=group_size,
+    )
     totals = {"waited_s": 0.0, "dropped": 0}
     metrics: dict[str, Any] = {}
-    samples = SampleLogger(run_dir, tokenizer, cfg.run.log_samples_every,
-                           cfg.run.log_samples_count, cfg.run.total_steps, log)  # fmt: skip
+    samples = SampleLogger(
+        run_dir,
+        tokenizer,
+        cfg.run.log_samples_every,
+        cfg.run.log_samples_count,
+        cfg.run.total_steps,
+        log,
+    )
     last_eval = None
     # The detector's state is a function of the rows logged so far: the initial evaluation,
     # and on a resume every step up to the checkpoint (so nothing of it is checkpointed).
@@ -190,8 +204,10 @@ def _rl_loop(
             totals["waited_s"] += got.waited_s
             totals["dropped"] += got.dropped
             metrics["step"] = learner.steps
-            metrics.update(_rollout_metrics(cfg, got, batch, stale, pool.stats(), totals,
-                                            t0, t_step, spec.max_tool_calls > 0))  # fmt: skip
+            stats, tools = pool.stats(), spec.max_tool_calls > 0
+            metrics.update(
+                _rollout_metrics(cfg, got, batch, stale, stats, totals, t0, t_step, tools)
+            )
             ev = cfg.run.eval_every
             evaluated = learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0)
             if evaluated:
@@ -212,8 +228,9 @@ def _rl_loop(
             samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
             ck = cfg.run.checkpoint_every
             if stop or learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
-                save_step(learner, tokenizer, run_dir, {**pool.snapshot(), **extra},
-                          cfg.run.save_hf)  # fmt: skip
+                save_step(
+                    learner, tokenizer, run_dir, {**pool.snapshot(), **extra}, cfg.run.save_hf
+                )
             progress.update(learner.steps, metrics)
             if stop:
                 stopped_by = "collapse"
@@ -310,8 +327,10 @@ def _rollout_metrics(
         "rollout/response_len_mean": float(batch.action_mask.sum(-1).mean()),
         "async/staleness_mean": sum(stale) / len(stale),
         "async/staleness_max": max(stale),
-        **{f"async/staleness_frac_{k}": stale.count(k) / len(stale)
-           for k in range(cfg.learner.max_staleness + 1)},  # histogram, one key per version
+        **{
+            f"async/staleness_frac_{k}": stale.count(k) / len(stale)
+            for k in range(cfg.learner.max_staleness + 1)
+        },  # histogram, one key per version
         "async/dropped_stale": totals["dropped"],
         "rollout/failed": stats.failed,
         "rollout/worker_restarts": stats.restarts,
@@ -321,7 +340,7 @@ def _rollout_metrics(
         "perf/rollout_tokens_per_s": stats.tokens_generated / elapsed,
         "perf/step_s": now - t_step,
         "time/wall_s": now - t0,
-    }  # fmt: skip
+    }
     if got.group_waits:
         out["async/group_wait_s"] = sum(got.group_waits) / len(got.group_waits)
     if tools:

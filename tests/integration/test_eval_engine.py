@@ -30,9 +30,14 @@ def engines_asked(monkeypatch):
 
 def test_saorl_eval_samples_with_the_configured_engine(engines_asked):
     summary = api.evaluate(
-        "builtin:tiny", overrides=["rollout.engine=vllm", "env.eval_size=4",
-                                   "rollout.max_new_tokens=2", "model.max_seq_len=32"],
-    )  # fmt: skip
+        "builtin:tiny",
+        overrides=[
+            "rollout.engine=vllm",
+            "env.eval_size=4",
+            "rollout.max_new_tokens=2",
+            "model.max_seq_len=32",
+        ],
+    )
     assert summary["problems"] == 4
     assert engines_asked == [("vllm", True)]
 

@@ -41,8 +41,16 @@ def _batch(policy, n: int = 8) -> Batch:
             t = torch.tensor([ids])
             lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, p_len:]
         lp = lp + (torch.rand(c_len, generator=g) * 3 - 1.5)
-        trajs.append(Trajectory(ids[:p_len], ids[p_len:], [1] * c_len, lp.tolist(),
-                                [0] * c_len, reward=float(i % 3 == 0)))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                ids[:p_len],
+                ids[p_len:],
+                [1] * c_len,
+                lp.tolist(),
+                [0] * c_len,
+                reward=float(i % 3 == 0),
+            )
+        )
     return Batch.from_trajectories(trajs, pad_id=0)
 
 
@@ -51,12 +59,17 @@ def test_minimal_sao_step_is_the_learner_step(tiny_policy, update_policy):
     policy, _ = tiny_policy
     batch = _batch(policy)
     warmup = 0 if update_policy else 1  # a critic warm-up step: no policy update
-    cfg = tiny_config(f"critic.warmup_steps={warmup}", "learner.lr_warmup_steps=0",
-                      "learner.batch_size=8", "learner.micro_batch_size=8")  # fmt: skip
+    cfg = tiny_config(
+        f"critic.warmup_steps={warmup}",
+        "learner.lr_warmup_steps=0",
+        "learner.batch_size=8",
+        "learner.micro_batch_size=8",
+    )
     learner = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
     sao = _example()
-    args = sao.parse_args(["--lr", str(cfg.learner.lr),
-                           "--critic-lr-mult", str(cfg.critic.lr / cfg.learner.lr)])  # fmt: skip
+    args = sao.parse_args(
+        ["--lr", str(cfg.learner.lr), "--critic-lr-mult", str(cfg.critic.lr / cfg.learner.lr)]
+    )
     # The example's settings are the learner's defaults.
     algo = cfg.algorithm
     ours = (args.eps_low, args.eps_high, args.lambda_alpha, args.critic_updates)
