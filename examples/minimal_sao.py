@@ -46,6 +46,7 @@ from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.envs.arithmetic import ArithmeticTask, Problem
 from saorl.losses import dis_policy_loss, value_loss
 from saorl.models.critic import Critic, freeze_attention
+from saorl.models.loading import adamw
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.engine import GenerationRequest
@@ -192,6 +193,17 @@ def collect(
     return trajs
 
 
+def optimizers(
+    policy: Qwen3ForCausalLM, critic: Critic, args: argparse.Namespace
+) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer]:
+    """AdamW for the policy and for the critic's trainable (non-frozen) parameters, the
+    critic's lr `--critic-lr-mult` times the policy's; no weight decay."""
+    policy_opt = adamw(list(policy.parameters()), lr=args.lr, weight_decay=0.0)
+    critic_params = [p for p in critic.parameters() if p.requires_grad]
+    critic_opt = adamw(critic_params, lr=args.lr * args.critic_lr_mult, weight_decay=0.0)
+    return policy_opt, critic_opt
+
+
 def sao_step(
     batch: Batch,
     policy: Qwen3ForCausalLM,
@@ -280,11 +292,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # checkpoint) and trains everything except attention, 5x faster than the policy.
     critic = Critic(policy)
     frozen = freeze_attention(critic)
-    policy_opt = torch.optim.AdamW(policy.parameters(), lr=args.lr, weight_decay=0.0)
+    policy_opt, critic_opt = optimizers(policy, critic, args)
     critic_params = [p for p in critic.parameters() if p.requires_grad]
-    critic_opt = torch.optim.AdamW(
-        critic_params, lr=args.lr * args.critic_lr_mult, weight_decay=0.0
-    )
     print(
         f"critic: {len(frozen)} attention tensors frozen, "
         f"{sum(p.numel() for p in critic_params) / 1e6:.2f}M trainable"

@@ -43,12 +43,20 @@ from saorl.config import (
 )
 from saorl.config.env import reference_kind
 
+TRUST_ARG = "trust_remote_code=True"  # how the Python API names the flag in its errors
 ConfigLike = Config | str | os.PathLike[str] | Mapping[str, Any] | None
 Overrides = Mapping[str, Any] | Sequence[str] | None
 
 
 def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any = None) -> Config:
     """A validated `Config` from any of the forms `train` accepts."""
+    if isinstance(config, Config) and overrides is None and env is None:
+        return config  # validated when it was made
+    as_cli = isinstance(config, str | os.PathLike | None) and env is None
+    if as_cli and not isinstance(overrides, Mapping):
+        # The command line's own reading: errors name the file or override they came from.
+        items = [overrides] if isinstance(overrides, str) else list(overrides or ())
+        return load_config(None if config is None else Path(config), items)
     if config is None:
         data: dict[str, Any] = {}
     elif isinstance(config, Config):
@@ -72,7 +80,9 @@ def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any
     return config_from_dict(data)
 
 
-def _trusted(cfg: Config, saved: Any, overrides: Overrides, env: Any, trust: bool) -> Config:
+def _trusted(
+    cfg: Config, saved: Any, overrides: Overrides, env: Any, trust: bool, flag: str
+) -> Config:
     """`cfg`, checked by `saorl.trust.check_saved_code` when it came from a run's `saved`
     config.toml, with `model.trust_remote_code` set when `trust`."""
     from saorl.trust import check_saved_code, override_keys
@@ -92,7 +102,7 @@ def _trusted(cfg: Config, saved: Any, overrides: Overrides, env: Any, trust: boo
             saved,
             given | ({"env.name"} if env is not None else set()),
             trust=False,
-            flag="trust_remote_code=True",
+            flag=flag,
         )
     return cfg
 
@@ -126,6 +136,50 @@ def _merge(data: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def train_config(
+    config: ConfigLike = None,
+    overrides: Overrides = None,
+    env: Any = None,
+    resume: str | os.PathLike[str] | None = None,
+    flag: str = "resume",
+    trust_remote_code: bool = False,
+    trust_flag: str = TRUST_ARG,
+) -> Config:
+    """The config `train` runs: with `resume`, that run directory must exist and its
+    config.toml is the base config when `config` is None (`saorl train --resume` too; `flag`
+    names the argument in errors). Code that saved config names is refused unless the caller
+    passed it or `trust_remote_code` (`saorl.trust`; `trust_flag` names the flag in errors)."""
+    saved = None
+    if resume is not None:
+        run_dir = Path(resume)
+        if not run_dir.is_dir():
+            raise ConfigError(f"{flag}: run directory not found: {run_dir}")
+        if config is None and (run_dir / "config.toml").is_file():
+            config = saved = run_dir / "config.toml"
+    cfg = make_config(config, overrides, env)
+    return _trusted(cfg, saved, overrides, env, trust_remote_code, trust_flag)
+
+
+def eval_config(
+    model: str | os.PathLike[str],
+    config: ConfigLike = None,
+    overrides: Overrides = None,
+    env: Any = None,
+    trust_remote_code: bool = False,
+    trust_flag: str = TRUST_ARG,
+) -> Config:
+    """The config `evaluate` runs: `config`, else the config.toml of the run `model` belongs
+    to (`saorl.trust.run_config`; its code checked as in `train_config`), else the defaults;
+    then `overrides` (`saorl eval` too)."""
+    from saorl.trust import run_config
+
+    saved = None
+    if config is None:
+        config = saved = run_config(Path(model))
+    cfg = make_config(config, overrides, env)
+    return _trusted(cfg, saved, overrides, env, trust_remote_code, trust_flag)
+
+
 def train(
     config: ConfigLike = None,
     *,
@@ -139,14 +193,7 @@ def train(
     `resume`: continue that run directory; its config.toml is the base config when `config`
     is None (pass `env=` again if the run was started with an object).
     """
-    saved = None
-    if resume is not None:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"resume: run directory not found: {run_dir}")
-        if config is None and (run_dir / "config.toml").is_file():
-            config = saved = run_dir / "config.toml"
-    cfg = _trusted(make_config(config, overrides, env), saved, overrides, env, trust_remote_code)
+    cfg = train_config(config, overrides, env, resume, trust_remote_code=trust_remote_code)
     if cfg.ray.enabled and reference_kind(cfg.env.name) == "object":
         raise ConfigError(
             f"env: {cfg.env.name!r} is an object of this process, which Ray actors cannot "
@@ -181,20 +228,22 @@ def evaluate(
     the summary there, and print the table, as the command does. `prompt_template`: as
     `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`).
     """
-    from saorl.trust import run_config  # the command's own rule for "the run's config"
-
     for name, value in (("k", k), ("limit", limit)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    saved = None
-    if config is None:
-        config = saved = run_config(Path(model))
-    cfg = _trusted(make_config(config, overrides, env), saved, overrides, env, trust_remote_code)
+    cfg = eval_config(model, config, overrides, env, trust_remote_code=trust_remote_code)
     from saorl.evaluation import run_eval, write_results  # imports torch
 
-    summary, rows = run_eval(str(model), cfg, k=k, limit=limit, base_url=base_url,
-                             api_key=api_key, progress=progress,
-                             prompt_template=prompt_template)  # fmt: skip
+    summary, rows = run_eval(
+        str(model),
+        cfg,
+        k=k,
+        limit=limit,
+        base_url=base_url,
+        api_key=api_key,
+        progress=progress,
+        prompt_template=prompt_template,
+    )
     if out is not None:
         write_results(str(model), cfg, summary, rows, str(out))
     return summary

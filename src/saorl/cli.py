@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from saorl import __version__
+from saorl import __version__, api
 from saorl.config import Config, ConfigError, config_to_toml, describe_config
 from saorl.envs.swe import commands as swe_commands
 from saorl.terminal import escaped_output, printable
-from saorl.trust import FLAG, load_trusted, resume_config, run_config
+from saorl.trust import FLAG, load_trusted
 
 _TRAIN_EPILOG = """\
 overrides are section.field=value, applied after --config, later ones winning; a value is
@@ -179,20 +179,26 @@ def _add_compare_parser(commands: Any) -> None:
         "--push-every",
         type=int,
         metavar="K",
-        help="push weights to the engines every K optimizer steps (learner.push_every), "
+        help="push weights to the engines every K policy versions (learner.push_every), "
         "forcing staler rollouts",
     )
     cmp.add_argument("--steps", type=int, metavar="N", help="run.total_steps of every arm")
     cmp.add_argument(
-        "--seeds", type=int, default=1, metavar="N",
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
         help="runs per arm, seeds run.seed .. run.seed+N-1, into OUT/ARM/seedS; the report "
         "gives mean, spread and collapse fraction per arm (default 1: OUT/ARM)",
-    )  # fmt: skip
+    )
     cmp.add_argument(
-        "--jobs", type=int, default=1, metavar="J",
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="J",
         help="runs at a time, each in its own process (default 1; more only with 2 cores per "
         "run to spare, or runs slow each other down and measure less asynchrony)",
-    )  # fmt: skip
+    )
     cmp.add_argument(
         "overrides", nargs="*", metavar="section.field=value", help="overrides for every arm"
     )
@@ -244,8 +250,12 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (default evals/NAME.jsonl)")
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
-    ev.add_argument("--prompt-template", default="saorl", metavar="NAME|TEXT", help="saorl (the "
-                    "env's own), boxed, qwen_math, or a text with {problem}")  # fmt: skip
+    ev.add_argument(
+        "--prompt-template",
+        default="saorl",
+        metavar="NAME|TEXT",
+        help="saorl (the env's own), boxed, qwen_math, or a text with {problem}",
+    )
     _add_trust_flag(ev)
     ev.add_argument("overrides", nargs="*", metavar="section.field=value", help="config overrides")
 
@@ -314,28 +324,32 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     try:
         overrides = [*args.overrides, *_ray_overrides(args)]
-        cfg = resume_config(args.config, args.resume, overrides, args.trust_remote_code)
+        cfg = api.train_config(
+            args.config,
+            overrides,
+            resume=args.resume,
+            flag="--resume",
+            trust_remote_code=args.trust_remote_code,
+            trust_flag=FLAG,
+        )
     except ConfigError as exc:
         return _config_failure(exc)
     if args.print_config:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
-    from saorl.checkpoint import list_checkpoints
+    from saorl.checkpoint import list_checkpoints  # imports torch: only when a run starts
     from saorl.learner import NonFiniteError
-    from saorl.loop import train_from_config  # imports torch: only when a run starts
 
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
         # Refused before anything runs: a folder that is no run is left exactly as it was.
         where = Path(args.resume) / "checkpoints"
-        return _config_failure(ConfigError(
-            f"--resume: no checkpoint in {where}: nothing to resume (start a new run without "
-            "--resume)"
-        ))  # fmt: skip
+        why = "nothing to resume (start a new run without --resume)"
+        return _config_failure(ConfigError(f"--resume: no checkpoint in {where}: {why}"))
     output_dir = Path(cfg.run.output_dir)
     before = _entries(output_dir)
     try:
-        summary = train_from_config(cfg, resume=args.resume)
+        summary = api.train(cfg, resume=args.resume)
     except ConfigError as exc:
         if args.resume is None:
             _remove_failed_run(cfg, output_dir, before)
@@ -414,8 +428,12 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from saorl.compare import failed_runs, run_compare, split_arms
 
-    for flag, value in (("--push-every", args.push_every), ("--steps", args.steps),
-                        ("--seeds", args.seeds), ("--jobs", args.jobs)):  # fmt: skip
+    for flag, value in (
+        ("--push-every", args.push_every),
+        ("--steps", args.steps),
+        ("--seeds", args.seeds),
+        ("--jobs", args.jobs),
+    ):
         if value is not None and value < 1:
             print(f"saorl compare: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
@@ -459,8 +477,13 @@ def _eval(args: argparse.Namespace) -> int:
             print(f"saorl eval: error: {flag} must be >= 1, got {value}", file=sys.stderr)
             return 2
     try:
-        saved = run_config(Path(args.model))
-        cfg = load_trusted(args.config, saved, args.overrides, args.trust_remote_code)
+        cfg = api.eval_config(
+            args.model,
+            args.config,
+            args.overrides,
+            trust_remote_code=args.trust_remote_code,
+            trust_flag=FLAG,
+        )
     except ConfigError as exc:
         return _config_failure(exc, "eval")
     if args.print_config:
@@ -469,10 +492,16 @@ def _eval(args: argparse.Namespace) -> int:
     try:
         from saorl.evaluation import run_eval, write_results  # imports torch
 
-        summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
-                                 base_url=args.base_url, api_key=args.api_key,
-                                 progress=sys.stderr.isatty(),
-                                 prompt_template=args.prompt_template)  # fmt: skip
+        summary, rows = run_eval(
+            args.model,
+            cfg,
+            k=args.k,
+            limit=args.limit,
+            base_url=args.base_url,
+            api_key=args.api_key,
+            progress=sys.stderr.isatty(),
+            prompt_template=args.prompt_template,
+        )
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2

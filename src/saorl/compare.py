@@ -54,6 +54,7 @@ from saorl.compare_report import (  # noqa: F401
     write_compare_report,
 )
 from saorl.config import Config, ConfigError, load_config
+from saorl.config.io import toml_string
 from saorl.metrics import METRICS_FILE
 
 
@@ -66,11 +67,6 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     from saorl.loop import train_from_config as train
 
     return train(cfg, resume=resume)
-
-
-def _toml_string(text: str) -> str:
-    # A JSON string literal is a valid TOML basic string: paths with spaces or quotes survive.
-    return json.dumps(text)
 
 
 def _shared_overrides(
@@ -86,8 +82,8 @@ def _shared_overrides(
 
 def _fixed_overrides(out_dir: Path, name: str) -> list[str]:
     return [
-        f"run.output_dir={_toml_string(str(out_dir))}",
-        f"run.name={_toml_string(name)}",
+        f"run.output_dir={toml_string(str(out_dir))}",
+        f"run.name={toml_string(name)}",
         "run.progress=false",
     ]
 
@@ -217,9 +213,13 @@ def run_one(run: Run, base_config: Path | None, tag: str) -> bool:
 def _spawn(run: Run, base_config: Path | None, tag: str) -> subprocess.Popen[bytes]:
     """`python -m saorl.compare RUN_JSON` for one run, its output appended to `RUN_DIR.log`."""
     run.run_dir.parent.mkdir(parents=True, exist_ok=True)
-    spec = {"arm": run.arm.name, "overrides": list(run.overrides), "tag": tag,
-            "run_dir": str(run.run_dir),
-            "base_config": None if base_config is None else str(base_config)}  # fmt: skip
+    spec = {
+        "arm": run.arm.name,
+        "overrides": list(run.overrides),
+        "tag": tag,
+        "run_dir": str(run.run_dir),
+        "base_config": None if base_config is None else str(base_config),
+    }
     with (run.run_dir.parent / f"{run.run_dir.name}.log").open("ab") as log:
         cmd = [sys.executable, "-m", "saorl.compare", json.dumps(spec)]
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # holds its own fd
@@ -240,8 +240,11 @@ def _run_parallel(pending: list[tuple[Run, str]], base_config: Path | None, jobs
                 if not done and not (run.run_dir / FAILED_FILE).exists():
                     # The process died without recording why (killed, out of memory).
                     log = run.run_dir.parent / f"{run.run_dir.name}.log"
-                    _record_failure(run.run_dir, f"run process exited with code {proc.returncode}",
-                                    f"last output ({log}):\n{_tail(log)}")  # fmt: skip
+                    _record_failure(
+                        run.run_dir,
+                        f"run process exited with code {proc.returncode}",
+                        f"last output ({log}):\n{_tail(log)}",
+                    )
                 _log(f"{tag}: {'done' if done else 'FAILED'} (exit code {proc.returncode})")
     finally:
         for _, _, proc in running:  # Ctrl-C or an error here: stop the runs this call started

@@ -83,6 +83,26 @@ def plan_rows(cfg: Config, lengths: list[int]) -> list[list[int]]:
     return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
 
+def gae_mask(cfg: Config, b: Batch) -> torch.Tensor:
+    """The positions GAE reads values at: action tokens, or every completion token when
+    skipping observations is switched off (an ablation)."""
+    return b.action_mask if cfg.algorithm.skip_observations else b.completion_mask
+
+
+def gae_targets(cfg: Config, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(advantages, value targets)` from pre-update `values` (zero off `gae_mask`): skip-
+    observation GAE with `lambda_policy` (length-adaptive by default) and with
+    `lambda_critic`."""
+    algo, mask = cfg.algorithm, gae_mask(cfg, b)
+    if algo.lambda_mode == "adaptive":
+        lam = length_adaptive_lambda(mask, alpha=algo.lambda_alpha)
+    else:
+        lam = algo.lambda_policy
+    advantages, _ = skip_observation_gae(b.rewards, values, mask, algo.gamma, lam)
+    _, returns = skip_observation_gae(b.rewards, values, mask, algo.gamma, algo.lambda_critic)
+    return advantages, returns
+
+
 def stochastic_in_training(module: nn.Module) -> bool:
     """Whether `module`'s forward in train mode may differ from eval mode's: a dropout with
     p > 0, or a config's dropout or router-jitter setting above 0."""
@@ -194,9 +214,7 @@ class CriticUpdater:
         algo = self.cfg.algorithm
         micro = micro if micro is not None else self.micro_batches(batch)  # before it moves
         b = batch.to(self.device)
-        # Observation tokens enter GAE (and the value loss) only when skipping them is
-        # switched off (an ablation).
-        gae_mask = b.action_mask if algo.skip_observations else b.completion_mask
+        mask = gae_mask(self.cfg, b)  # observation tokens only in the ablation
         first = None
         if self.fused:
             self.opt.zero_grad(set_to_none=True)  # nothing left over from an aborted step
@@ -215,23 +233,26 @@ class CriticUpdater:
                 first = first + self._backward(next(order), b, x, v, ret, v.detach())
                 return v.detach()
 
-            values = self.sharding.map_rows(b, micro, first_pass) * gae_mask
+            values = self.sharding.map_rows(b, micro, first_pass) * mask
         else:
             self.critic.eval()
             with torch.no_grad():
-                values = self.sharding.map_rows(b, micro, self.values) * gae_mask
-        if algo.lambda_mode == "adaptive":
-            lam = length_adaptive_lambda(gae_mask, alpha=algo.lambda_alpha)
-        else:
-            lam = algo.lambda_policy
-        advantages, _ = skip_observation_gae(b.rewards, values, gae_mask, algo.gamma, lam)
-        _, returns = skip_observation_gae(
-            b.rewards, values, gae_mask, algo.gamma, algo.lambda_critic
-        )
+                values = self.sharding.map_rows(b, micro, self.values) * mask
+        advantages, returns = gae_targets(self.cfg, b, values)
         _, vm = value_loss(values, returns, b.action_mask, tensors=True)  # before the updates
         self._prepared = (b, micro, values, returns, first)
         keys = ("value/explained_variance", "value/mean")
         return advantages, {k: vm[k].detach() for k in keys}
+
+    def evaluate(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(values, value targets)` of `batch` by the critic as it is now, as `prepare`
+        computes them (same GAE, same mask), without an update: for held-out measurements."""
+        micro = self.micro_batches(batch)
+        b = batch.to(self.device)
+        self.critic.eval()
+        with torch.no_grad():
+            values = self.sharding.map_rows(b, micro, self.values) * gae_mask(self.cfg, b)
+        return values, gae_targets(self.cfg, b, values)[1]
 
     def start_update(self) -> None:
         """The K updates on the prepared batch: on the worker thread with `critic.concurrent`,
@@ -268,9 +289,13 @@ class CriticUpdater:
         return done
 
     def update(
-        self, b: Batch, micro: list[MicroBatch], values: torch.Tensor, returns: torch.Tensor,
+        self,
+        b: Batch,
+        micro: list[MicroBatch],
+        values: torch.Tensor,
+        returns: torch.Tensor,
         first: torch.Tensor | None = None,
-    ) -> CriticUpdate:  # fmt: skip
+    ) -> CriticUpdate:
         """K critic optimizer steps on the same batch (paper 3.2: a faster critic than policy).
         `first`: the loss of the first update, whose gradients `prepare` already holds."""
         skipped = torch.zeros((), dtype=torch.long, device=self.device)
@@ -301,16 +326,25 @@ class CriticUpdater:
         return total, norm, ok
 
     def _backward(
-        self, mb: MicroBatch, b: Batch, x: Batch, values: torch.Tensor, returns: torch.Tensor,
+        self,
+        mb: MicroBatch,
+        b: Batch,
+        x: Batch,
+        values: torch.Tensor,
+        returns: torch.Tensor,
         old_values: torch.Tensor,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """Backward of micro-batch `x`'s share of the value loss; returns that share, detached."""
         cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
         loss, _ = value_loss(
-            values, returns, getattr(x, self._targets),
+            values,
+            returns,
+            getattr(x, self._targets),
             old_values=old_values if cc.value_clip else None,
-            clip=cc.value_clip, agg=agg, tensors=True,
-        )  # fmt: skip
+            clip=cc.value_clip,
+            agg=agg,
+            tensors=True,
+        )
         w = share(getattr(x, self._targets), getattr(b, self._targets), agg) * mb.weight
         (loss * w).backward()
         return loss.detach() * w
@@ -332,13 +366,16 @@ class CriticUpdater:
 
     def state_dict(self) -> dict[str, Any]:
         """`critic` and `critic_opt`, the learner checkpoint's entries (gathered when sharded)."""
-        return {"critic": self.sharding.full_state(self.critic),
-                "critic_opt": self.sharding.optimizer_state(self.critic, self.opt)}  # fmt: skip
+        return {
+            "critic": self.sharding.full_state(self.critic),
+            "critic_opt": self.sharding.optimizer_state(self.critic, self.opt),
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         """The inverse of `state_dict` (every rank calls it when sharded)."""
-        self.sharding.load_state(self.critic, state.get("critic", {}), self.opt,
-                                 state.get("critic_opt"))  # fmt: skip
+        self.sharding.load_state(
+            self.critic, state.get("critic", {}), self.opt, state.get("critic_opt")
+        )
 
     def load(self, path: str) -> None:
         """Critic weights from `saorl value-pretrain` (the optimizer starts fresh)."""

@@ -24,7 +24,7 @@ from torch import nn
 from saorl.config import Config, ConfigError, ModelConfig, load_config
 from saorl.envs.base import EnvSpec, task_key
 from saorl.eval_prompts import prompt_template as resolve_template
-from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.factory import build_engine
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -34,26 +34,40 @@ def run_episodes(
     tokenizer: Any,
     spec: EnvSpec,
     problems: list[Any],
+    cfg: Config,
     *,
-    max_seq_len: int,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
     greedy: bool = False,
     seed: int = 0,
-    max_concurrent: int = 256,
     on_done: Any = None,
-    stop: tuple[str, ...] = (),
 ) -> list[Trajectory]:
-    """One episode per entry of `problems` with `model` itself (no copy); completion order.
+    """One episode per entry of `problems` sampled from `model`; completion order.
 
-    `stop` adds stop strings (`rollout.stop`) to the environment's own."""
-    engine = HFEngine(model, tokenizer, max_seq_len=max_seq_len, temperature=temperature,
-                      top_p=top_p, max_concurrent=max_concurrent, seed=seed,
-                      copy_model=False)  # fmt: skip
-    limits = AgentLimits(max_seq_len, max_new_tokens, spec.max_turns, spec.max_tool_calls,
-                         (*spec.stop, *stop), greedy=greedy,
-                         env_timeout_s=spec.step_timeout_s)  # fmt: skip
+    The engine is `rollout.engine`'s (`saorl.rollout.factory.build_engine`; the HF engine
+    samples from `model` itself, no copy), with `cfg`'s sampling settings (`rollout.*`:
+    temperature, top_p, max_new_tokens, stop strings added to the environment's own) and
+    context (`model.max_seq_len`), at least 256 episodes at a time."""
+    roll, max_seq_len = cfg.rollout, cfg.model.max_seq_len
+    # No MoE routing is recorded: evaluation episodes are never trained on.
+    cfg = cfg.model_copy(
+        update={"algorithm": cfg.algorithm.model_copy(update={"routing_replay": False})}
+    )
+    engine = build_engine(
+        cfg,
+        model,
+        tokenizer,
+        seed=seed,
+        share_model=True,
+        max_concurrent=max(roll.max_concurrent, 256),
+    )
+    limits = AgentLimits(
+        max_seq_len,
+        roll.max_new_tokens,
+        spec.max_turns,
+        spec.max_tool_calls,
+        (*spec.stop, *roll.stop),
+        greedy=greedy,
+        env_timeout_s=spec.step_timeout_s,
+    )
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)
     results: list[Trajectory] = []
@@ -71,6 +85,7 @@ def run_episodes(
                     on_done()
     finally:
         worker.stop_thread()
+        engine.close()
     model.train()
     return results
 
@@ -144,25 +159,16 @@ def per_problem(trajs: list[Trajectory], k: int) -> dict[str, dict[str, float]]:
 
 
 def evaluate_policy(
-    model: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Any, seed: int
+    model: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, seed: int
 ) -> dict[str, float]:
     """`eval/accuracy` (avg@k at the rollout temperature) and `eval/accuracy_greedy`.
 
     `eval/accuracy` is the mean reward over `run.eval_samples` samples per held-out problem:
     the success rate of the policy RL optimises (the paper reports avg@k the same way).
     """
-    common = {
-        "max_seq_len": cfg.model.max_seq_len,
-        "max_new_tokens": cfg.rollout.max_new_tokens,
-        "temperature": cfg.rollout.temperature,
-        "top_p": cfg.rollout.top_p,
-        "max_concurrent": max(cfg.rollout.max_concurrent, 256),
-        "seed": seed,
-        "stop": tuple(cfg.rollout.stop),
-    }
     held = list(spec.task.held_out)
-    greedy = run_episodes(model, tokenizer, spec, held, greedy=True, **common)
-    sampled = run_episodes(model, tokenizer, spec, held * cfg.run.eval_samples, **common)
+    greedy = run_episodes(model, tokenizer, spec, held, cfg, greedy=True, seed=seed)
+    sampled = run_episodes(model, tokenizer, spec, held * cfg.run.eval_samples, cfg, seed=seed)
     metrics = summarize(sampled)
     metrics["eval/accuracy_greedy"] = summarize(greedy)["eval/accuracy"]
     if not spec.max_tool_calls:  # a task without tools: the count is always 0
@@ -273,10 +279,19 @@ def run_eval(
             from saorl.rollout.openai_client import chat_episode
 
             def one(p: Any) -> Any:
-                ep = chat_episode(base_url, model, spec.make_env(), p,
-                                  max_turns=spec.max_turns, max_tool_calls=spec.max_tool_calls,
-                                  stop=stop, temperature=roll.temperature, top_p=roll.top_p,
-                                  max_tokens=roll.max_new_tokens, api_key=api_key)  # fmt: skip
+                ep = chat_episode(
+                    base_url,
+                    model,
+                    spec.make_env(),
+                    p,
+                    max_turns=spec.max_turns,
+                    max_tool_calls=spec.max_tool_calls,
+                    stop=stop,
+                    temperature=roll.temperature,
+                    top_p=roll.top_p,
+                    max_tokens=roll.max_new_tokens,
+                    api_key=api_key,
+                )
                 tick()
                 return ep
 
@@ -287,13 +302,9 @@ def run_eval(
             torch.manual_seed(cfg.run.seed)  # fixes builtin:tiny's random weights
             policy, tokenizer = _load_model(model, cfg.model)
             policy.eval()
-            episodes = run_episodes(policy, tokenizer, spec, jobs,
-                                    max_seq_len=cfg.model.max_seq_len,
-                                    max_new_tokens=roll.max_new_tokens,
-                                    temperature=roll.temperature, top_p=roll.top_p,
-                                    max_concurrent=max(roll.max_concurrent, 256),
-                                    seed=cfg.run.seed, on_done=tick,
-                                    stop=tuple(roll.stop))  # fmt: skip
+            episodes = run_episodes(
+                policy, tokenizer, spec, jobs, cfg, seed=cfg.run.seed, on_done=tick
+            )
             texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
     stats = per_problem(episodes, k)  # type: ignore[arg-type]
     # A coding agent's answer is its repository changes, not a text to vote on.
@@ -301,15 +312,23 @@ def run_eval(
     rows = []
     for p in problems:
         samples = [
-            {"reward": e.reward, "stop_reason": e.stop_reason, "tool_calls":
-             e.info.get("tool_calls", 0), "text": txt, **({"answer": vote(txt)} if voting else {}),
-             **({"error": e.info["error"]} if "error" in e.info else {})}
+            {
+                "reward": e.reward,
+                "stop_reason": e.stop_reason,
+                "tool_calls": e.info.get("tool_calls", 0),
+                "text": txt,
+                **({"answer": vote(txt)} if voting else {}),
+                **({"error": e.info["error"]} if "error" in e.info else {}),
+            }
             for e, txt in zip(episodes, texts, strict=True)
             if e.prompt_key == task_key(p)
-        ]  # fmt: skip
-        row = {"key": task_key(p), "prompt": getattr(p, "prompt", None),
-               "reference": getattr(p, "answer", None),  # your own tasks need neither
-               **stats.get(task_key(p), {})}  # fmt: skip
+        ]
+        row = {
+            "key": task_key(p),
+            "prompt": getattr(p, "prompt", None),
+            "reference": getattr(p, "answer", None),  # your own tasks need neither
+            **stats.get(task_key(p), {}),
+        }
         row[f"avg@{k}"] = row.get("pass@1", 0.0)
         if voting:
             answers = [s["answer"] for s in samples]

@@ -8,6 +8,10 @@ For SAO (docs/design.md section 1) one step on a batch of finished single rollou
 3. K critic optimizer steps on the value loss;
 4. unless still in critic warm-up, one DIS policy step; the policy version then advances.
 
+The same step written flat, in one function to read first: `sao_step` in
+examples/minimal_sao.py; tests/integration/test_minimal_sao_parity.py holds the two equal
+(losses, updated policy and critic weights) on the same batch and weights.
+
 `algorithm.advantage` picks step 1-3 (`gae`) or a critic-free estimator (`group`: GRPO's
 group-normalised outcome, `running_mean`: reward minus the prompt's running mean);
 `algorithm.policy_loss` picks the ratio of step 4 (`dis`: against the engine's recorded
@@ -29,8 +33,9 @@ Nothing in a step waits for the device but its metrics, read once at its end. Lo
 metrics stay tensors until then. The micro-batch plan and `running_mean`'s scores are read from
 the batch while it is still on the CPU, before it moves to the device. Whether an optimizer
 step was taken (its gradient was finite) is a device flag: the fused AdamW skips a non-finite
-update on the device (`saorl.sharding.step_unless_nonfinite`), and the flags travel with the
-metrics sync. The counters follow from them after the sync: the policy version, the lr schedule
+update on the device (`saorl.sharding.step_unless_nonfinite`), and the flags, typed fields of
+a `saorl.sharding.StepFlags` (not metrics), are read with the metrics, in the same sync
+(`Sharding.read`). The counters follow from them: the policy version, the lr schedule
 (stepped once per update taken) and the skipped steps, with the same values as when each step
 was decided on the host. One exception keeps a sync: with `algorithm.minibatches > 1` during the
 lr warm-up, the next mini-batch's lr depends on whether this one stepped, so that flag is read
@@ -61,11 +66,11 @@ from saorl.critic_updater import (
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
-    k3,
     logprob_mismatch,
     masked_aggregate,
     positive_lm_loss,
     ppo_clip_policy_loss,
+    sampler_kl_penalty,
 )
 from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
@@ -73,7 +78,7 @@ from saorl.models.lora import add_lora, merged_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
 from saorl.samples import row_advantages, samples_due
 from saorl.sft import supervised_warmup
-from saorl.sharding import MicroBatch, Sharding, StepMetrics
+from saorl.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
 from saorl.types import Batch
 
 if TYPE_CHECKING:
@@ -94,9 +99,13 @@ class Learner:
     """
 
     def __init__(
-        self, cfg: Config, policy: nn.Module, device: torch.device,
-        sharding: Sharding | None = None, critic: Any = None,
-    ) -> None:  # fmt: skip
+        self,
+        cfg: Config,
+        policy: nn.Module,
+        device: torch.device,
+        sharding: Sharding | None = None,
+        critic: Any = None,
+    ) -> None:
         # critic.concurrent = "auto" decided once, here, for everything built below.
         on, self.critic_concurrent_why = concurrent_critic(cfg, device)
         cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": on})})
@@ -127,8 +136,11 @@ class Learner:
         self.skipped_steps = 0  # optimizer steps whose gradient was not finite
         self.nonfinite_streak = 0  # learner steps in a row with a skipped optimizer step
         algo = cfg.algorithm
-        self.baseline = RunningMeanBaseline(window=algo.baseline_window, scope=algo.baseline_scope,
-                                            global_window=algo.baseline_global_window)  # fmt: skip
+        self.baseline = RunningMeanBaseline(
+            window=algo.baseline_window,
+            scope=algo.baseline_scope,
+            global_window=algo.baseline_global_window,
+        )
 
     # The critic's parts, for tools and tests (in this process only).
     critic = property(lambda self: self.critic_updater.critic)
@@ -144,7 +156,7 @@ class Learner:
         lengths = batch.attention_mask.sum(-1).tolist()
         b = batch.to(self.device)
         mask = b.action_mask
-        m = StepMetrics()
+        m, flags = StepMetrics(), StepFlags()
         micro = self._micro_batches(lengths)
         skipped_before = self.skipped_steps
         warmup, critic = False, self.critic_updater
@@ -167,8 +179,11 @@ class Learner:
             advantages = seq_adv[:, None] * mask
         elif algo.advantage == "running_mean":
             pairs = zip(b.prompt_keys, batch.scores.tolist(), strict=True)
-            seq_adv = torch.tensor([self.baseline.advantage(k, r) for k, r in pairs],
-                                   dtype=mask.dtype, device=mask.device)  # fmt: skip
+            seq_adv = torch.tensor(
+                [self.baseline.advantage(k, r) for k, r in pairs],
+                dtype=mask.dtype,
+                device=mask.device,
+            )
             advantages = seq_adv[:, None] * mask
         else:
             raise ValueError(f"algorithm.advantage: unknown estimator {algo.advantage!r}")
@@ -181,25 +196,25 @@ class Learner:
         policy_metrics: dict[str, Any] = {}
         try:
             if not warmup:
-                policy_metrics = self._update_policy(b, lengths, micro, advantages, m)
+                policy_metrics = self._update_policy(b, lengths, micro, advantages, m, flags)
         finally:
             if gae:  # joined even when the policy update failed: no update left running
                 done = critic.finish()
         if gae:
             m.add("loss/value", done.loss)  # the last of the K updates
             m.set("critic/grad_norm", done.grad_norm)
-            m.set("_skipped/critic", torch.as_tensor(done.skipped))
-        # The step's one sync; the step flags it carries settle the counters.
-        metrics: dict[str, Any] = {**self.sharding.floats(m), **policy_metrics}
-        self.skipped_steps += round(metrics.pop("_skipped/critic", 0))
-        flags = sorted(k for k in metrics if k.startswith("_ok/"))
-        self._settle([bool(metrics.pop(k)) for k in flags])
+            flags.critic_skipped = torch.as_tensor(done.skipped)
+        # The step's one sync: its metrics, and the flags that settle the counters.
+        floats, decided = self.sharding.read(m, flags)
+        metrics: dict[str, Any] = {**floats, **policy_metrics}
+        self.skipped_steps += decided.critic_skipped
+        self._settle(decided.policy_stepped)
         metrics["learner/warmup"] = float(warmup)
         if warmup:
             # No policy update yet: the policy keys are logged as null so every row of
             # metrics.jsonl has the same columns.
-            metrics.update(dict.fromkeys(("loss/policy", "dis/masked_frac", "mismatch/k3",
-                                          "mismatch/max_abs_logprob_diff")))  # fmt: skip
+            policy_keys = ("loss/policy", "dis/masked_frac", "mismatch/k3")
+            metrics.update(dict.fromkeys((*policy_keys, "mismatch/max_abs_logprob_diff")))
             metrics.update(dict.fromkeys(lab_keys()))
         else:
             self._finish_mismatch(metrics)
@@ -226,21 +241,30 @@ class Learner:
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
         with self._amp(), replay_routing(self.replay, mb):  # mixed precision, MoE routing replay
             return self.policy_fwd(
-                mb.input_ids, mb.attention_mask, temperature=self.cfg.rollout.temperature,
-                chunk_size=self.cfg.model.logprob_chunk_size, return_entropy=return_entropy,
-                packed=self.cfg.learner.micro_batch_tokens > 0, lengths=mb.lengths,
-            )  # fmt: skip
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.cfg.rollout.temperature,
+                chunk_size=self.cfg.model.logprob_chunk_size,
+                return_entropy=return_entropy,
+                packed=self.cfg.learner.micro_batch_tokens > 0,
+                lengths=mb.lengths,
+            )
 
     def _update_policy(
-        self, b: Batch, lengths: list[int], micro: list[MicroBatch], advantages: torch.Tensor,
+        self,
+        b: Batch,
+        lengths: list[int],
+        micro: list[MicroBatch],
+        advantages: torch.Tensor,
         m: StepMetrics,
-    ) -> dict[str, float]:  # fmt: skip
+        flags: StepFlags,
+    ) -> dict[str, float]:
         """`algorithm.minibatches` policy optimizer steps, one per mini-batch of rows.
 
         Each token's ratio is taken against a reference: for DIS the log-probs the engine
         recorded when it sampled the token; for PPO clip the old policy, i.e. these weights at
         the start of the step, recomputed here (docs/design.md section 1). Whether each
-        optimizer step was taken goes into `m` as `_ok/<i>`, for `step` to settle.
+        optimizer step was taken goes into `flags.policy_stepped`, for `step` to settle.
         """
         algo = self.cfg.algorithm
         if algo.policy_loss == "ppo_clip":
@@ -257,7 +281,7 @@ class Learner:
         n_mb = min(algo.minibatches, b.size)  # a short batch gets no empty mini-batch
         bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
         last: dict[str, float] = {}
-        pending: list[torch.Tensor] = []  # flags of the steps taken here, not yet settled
+        pending = flags.policy_stepped  # flags of the steps taken here, not yet settled
         warm = self.cfg.learner.lr_warmup_steps
         for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
             part = b.select(slice(lo, hi))
@@ -266,28 +290,32 @@ class Learner:
             version = self.version + sum(ok.long() for ok in pending) if pending else self.version
             for mb in self._micro_batches(lengths[lo:hi]):
                 adv, ref, pos = (x[lo:hi][mb.rows] for x in (advantages, reference, positive))
+                pair = (pos, part_pos)
                 with replay_routing(self.replay, part.select(mb.rows)):  # and layers' recompute
-                    self._policy_micro_step(part, mb, adv, ref, (pos, part_pos), 1.0 / n_mb, m,
-                                            version)  # fmt: skip
+                    self._policy_micro_step(part, mb, adv, ref, pair, 1.0 / n_mb, m, version)
             last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
             norm, ok = self.sharding.optimizer_step(
                 self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
             )
-            m.set(f"_ok/{i:04d}", ok)
             pending.append(ok)
             m.set("policy/grad_norm", norm)
             if i + 1 < n_mb and warm and self.policy_sched.last_epoch + 1 < warm:
                 # In the lr warm-up the next mini-batch's lr depends on this step: read now.
                 self._settle([bool(ok)])
-                m.values.pop(f"_ok/{i:04d}")
-                pending = []
+                pending.clear()
         return last
 
     def _policy_micro_step(
-        self, part: Batch, mb: MicroBatch, advantages: torch.Tensor, reference: torch.Tensor,
-        positive: tuple[torch.Tensor, torch.Tensor], scale: float, m: StepMetrics,
+        self,
+        part: Batch,
+        mb: MicroBatch,
+        advantages: torch.Tensor,
+        reference: torch.Tensor,
+        positive: tuple[torch.Tensor, torch.Tensor],
+        scale: float,
+        m: StepMetrics,
         version: int | torch.Tensor,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Forward and backward of the policy loss on micro-batch `mb` of mini-batch `part`,
         weighted by its share of `part`; metrics weighted by that share times `scale`.
         `version`: the policy's version (a device tensor while earlier steps are unsettled)."""
@@ -301,24 +329,37 @@ class Learner:
         weights, cm = policy_correction(algo, trainer, x.rollout_logprobs, mask)
         if algo.policy_loss == "dis":
             loss, pm = dis_policy_loss(
-                logprobs, reference, advantages, mask, eps_low=algo.eps_low,
-                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
-            )  # fmt: skip
+                logprobs,
+                reference,
+                advantages,
+                mask,
+                eps_low=algo.eps_low,
+                eps_high=algo.eps_high,
+                agg=algo.loss_agg,
+                tensors=True,
+                token_weights=weights,
+            )
         elif algo.policy_loss == "ppo_clip":
             loss, pm = ppo_clip_policy_loss(
-                logprobs, reference, advantages, mask, eps_low=algo.clip_eps_low,
-                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
-            )  # fmt: skip
+                logprobs,
+                reference,
+                advantages,
+                mask,
+                eps_low=algo.clip_eps_low,
+                eps_high=algo.clip_eps_high,
+                agg=algo.loss_agg,
+                tensors=True,
+                token_weights=weights,
+            )
         else:
             raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
         # Aggregated like the loss, so that weighting by the share sums to the batch value.
         ent = masked_aggregate(entropy, mask, algo.loss_agg)
         if algo.entropy_coef:
             loss = loss - algo.entropy_coef * ent
-        if algo.kl_coef:  # optional penalty: k3 estimate of KL(current || rollout)
-            loss = loss + algo.kl_coef * masked_aggregate(
-                k3(x.rollout_logprobs - logprobs), mask, algo.loss_agg
-            )
+        if algo.kl_coef:  # optional penalty: k3 estimate of KL(rollout || current)
+            kl = sampler_kl_penalty(logprobs, x.rollout_logprobs, mask, algo.loss_agg)
+            loss = loss + algo.kl_coef * kl
         total = loss * w
         if algo.lm_loss_coef:  # weighted by mb's share of the correct rows' tokens of `part`
             lm, _ = positive_lm_loss(logprobs, mask, positive[0], algo.loss_agg, tensors=True)
@@ -394,8 +435,9 @@ class Learner:
             return
         prefix = self.policy.base_model_prefix + "."
         policy = merged_state(self.sharding.full_state(self.policy, everywhere=True), self.policy)
-        self.critic_updater.reset_from_policy({k[len(prefix) :]: v for k, v in policy.items()
-                                               if k.startswith(prefix)})  # fmt: skip
+        self.critic_updater.reset_from_policy(
+            {k[len(prefix) :]: v for k, v in policy.items() if k.startswith(prefix)}
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Weights, optimizers, scheduler and counters for a checkpoint (`load_state` inverse).
@@ -423,8 +465,9 @@ class Learner:
         """
         sh = self.sharding
         try:
-            sh.load_state(self.policy, state.get("policy", {}), self.policy_opt,
-                          state.get("policy_opt"))  # fmt: skip
+            sh.load_state(
+                self.policy, state.get("policy", {}), self.policy_opt, state.get("policy_opt")
+            )
             self.critic_updater.load_state(state)
         except (KeyError, RuntimeError, ValueError) as e:
             raise ConfigError(

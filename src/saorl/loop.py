@@ -5,7 +5,8 @@
     learner, each step:
         take the first `batch_size` finished trajectories (drop and count the too-stale ones)
         -> SAO step (critic values, GAE, K critic updates, DIS policy update)
-        -> push weights to the engines every `push_every` versions -> log / eval / checkpoint
+        -> push weights to the engines once `push_every` policy versions have passed since the
+           last push -> log / eval / checkpoint
         -> collapse detection on the step's metrics (`saorl.collapse`; `run.stop_on_collapse`
            ends the run here, with a checkpoint)
     final eval, checkpoint, summary.json, report.png (a NaN streak writes summary.json too)
@@ -126,11 +127,12 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
             }
             log.log({"step": 0, **ev})
-            save_step(learner, tokenizer, run_dir, {"prompt_rng": prompt_rng.getstate(),
-                      "data_position": started, **extra}, cfg.run.save_hf)  # fmt: skip
+            rollout_state = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
+            save_step(learner, tokenizer, run_dir, {**rollout_state, **extra}, cfg.run.save_hf)
         t_start = time.perf_counter()
-        summary, failure = _rl_loop(cfg, placed, spec, prompt_rng, started, extra, run_dir, log,
-                                    progress, resumed=state)  # fmt: skip
+        summary, failure = _rl_loop(
+            cfg, placed, spec, prompt_rng, started, extra, run_dir, log, progress, resumed=state
+        )
         _write_summary(cfg, run_dir, summary, time.perf_counter() - t_start)
         if failure is not None:  # inside the `with`: the trackers close as failed
             _write_report(run_dir)
@@ -169,12 +171,25 @@ def _rl_loop(
     lc = cfg.learner
     lookahead = admission_lookahead(cfg)
     group_size = cfg.algorithm.samples_per_prompt  # groups for GRPO and VAPO's group sampling
-    feed = PromptFeed(spec.task, prompt_rng, lc.batch_size, lookahead, learner.steps, started,
-                      group_size=group_size)  # fmt: skip
+    feed = PromptFeed(
+        spec.task,
+        prompt_rng,
+        lc.batch_size,
+        lookahead,
+        learner.steps,
+        started,
+        group_size=group_size,
+    )
     totals = {"waited_s": 0.0, "dropped": 0}
     metrics: dict[str, Any] = {}
-    samples = SampleLogger(run_dir, tokenizer, cfg.run.log_samples_every,
-                           cfg.run.log_samples_count, cfg.run.total_steps, log)  # fmt: skip
+    samples = SampleLogger(
+        run_dir,
+        tokenizer,
+        cfg.run.log_samples_every,
+        cfg.run.log_samples_count,
+        cfg.run.total_steps,
+        log,
+    )
     last_eval = None
     # The detector's state is a function of the rows logged so far: the initial evaluation,
     # and on a resume every step up to the checkpoint (so nothing of it is checkpointed).
@@ -184,25 +199,28 @@ def _rl_loop(
     stopped_by, failure = "total_steps", None
     try:
         pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
+        pushed = learner.version  # the engines start at the learner's weights
         t0 = time.perf_counter()
         while learner.steps < cfg.run.total_steps:
             t_step = time.perf_counter()
             got = pool.collect(learner.version, lc.batch_size, lc.max_staleness)
             stale = [t.staleness(learner.version) for t in got.trajectories]
             batch = Batch.from_trajectories(got.trajectories, tokenizer.pad_token_id)
-            version_before = learner.version
             try:
                 metrics = learner.step(batch)
             except NonFiniteError as e:  # the summary still says what happened
                 stopped_by, failure = "nonfinite", e
                 break
-            if learner.version != version_before and learner.version % lc.push_every == 0:
+            if push_due(learner.version, pushed, lc.push_every):
                 pool.update_weights()  # a generation in flight continues under the new weights
+                pushed = learner.version
             totals["waited_s"] += got.waited_s
             totals["dropped"] += got.dropped
             metrics["step"] = learner.steps
-            metrics.update(_rollout_metrics(cfg, got, batch, stale, pool.stats(), totals,
-                                            t0, t_step, spec.max_tool_calls > 0))  # fmt: skip
+            stats, tools = pool.stats(), spec.max_tool_calls > 0
+            metrics.update(
+                _rollout_metrics(cfg, got, batch, stale, stats, totals, t0, t_step, tools)
+            )
             ev = cfg.run.eval_every
             evaluated = learner.steps == cfg.run.total_steps or (ev and learner.steps % ev == 0)
             if evaluated:
@@ -223,8 +241,9 @@ def _rl_loop(
             samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
             ck = cfg.run.checkpoint_every
             if stop or learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
-                save_step(learner, tokenizer, run_dir, {**pool.snapshot(), **extra},
-                          cfg.run.save_hf)  # fmt: skip
+                save_step(
+                    learner, tokenizer, run_dir, {**pool.snapshot(), **extra}, cfg.run.save_hf
+                )
             progress.update(learner.steps, metrics)
             if stop:
                 stopped_by = "collapse"
@@ -244,6 +263,17 @@ def _rl_loop(
         "stop_reason": _stop_reason(stopped_by, detector, failure, cfg),
     }
     return summary, failure
+
+
+def push_due(version: int, pushed: int, push_every: int) -> bool:
+    """Whether the engines, at policy version `pushed`, are due the learner's `version`.
+
+    Counted in policy versions since the last push, not as multiples of `push_every`: one step
+    adds `algorithm.minibatches` versions (fewer when a mini-step is skipped for a non-finite
+    gradient), so a version that is a multiple of `push_every` may never come, and engines that
+    are never updated make every rollout too stale to train (a livelock).
+    """
+    return version - pushed >= push_every
 
 
 def admission_lookahead(cfg: Config) -> int:
@@ -310,8 +340,10 @@ def _rollout_metrics(
         "rollout/response_len_mean": float(batch.action_mask.sum(-1).mean()),
         "async/staleness_mean": sum(stale) / len(stale),
         "async/staleness_max": max(stale),
-        **{f"async/staleness_frac_{k}": stale.count(k) / len(stale)
-           for k in range(cfg.learner.max_staleness + 1)},  # histogram, one key per version
+        **{
+            f"async/staleness_frac_{k}": stale.count(k) / len(stale)
+            for k in range(cfg.learner.max_staleness + 1)
+        },  # histogram, one key per version
         "async/dropped_stale": totals["dropped"],
         "rollout/failed": stats.failed,
         "rollout/worker_restarts": stats.restarts,
@@ -321,7 +353,7 @@ def _rollout_metrics(
         "perf/rollout_tokens_per_s": stats.tokens_generated / elapsed,
         "perf/step_s": now - t_step,
         "time/wall_s": now - t0,
-    }  # fmt: skip
+    }
     if got.group_waits:
         out["async/group_wait_s"] = sum(got.group_waits) / len(got.group_waits)
     if tools:

@@ -86,6 +86,21 @@ def k3(log_ratio: Tensor) -> Tensor:
     return torch.expm1(log_ratio) - log_ratio
 
 
+def sampler_kl_penalty(
+    logprobs: Tensor, rollout_logprobs: Tensor, mask: Tensor, agg: Aggregation = "token_mean"
+) -> Tensor:
+    """k3 estimate of ``KL(rollout || current)`` on the tokens the rollout sampled, aggregated
+    by :func:`masked_aggregate`: ``algorithm.kl_coef``'s penalty.
+
+    The unbiased direction, as ``dis/kl_k3`` and ``mismatch/k3``: the tokens were sampled by the
+    rollout policy, so :func:`k3` gets ``logprobs - rollout_logprobs``. Its gradient with
+    respect to a token's log-prob is ``rho - 1`` (``rho`` the ratio current / rollout) times
+    that token's weight: it pulls a token's probability back towards the sampler's.
+    """
+    d = _zero_outside(logprobs - rollout_logprobs.detach(), mask.bool())
+    return masked_aggregate(k3(d), mask, agg)
+
+
 @torch.no_grad()
 def _masked_stats(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Mean, min and max of ``x`` over ``m`` (float64, 0-dim); all 0 when ``m`` is empty."""

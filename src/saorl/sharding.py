@@ -31,7 +31,7 @@ host read of the flag, one sync per optimizer step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -81,6 +81,29 @@ class StepMetrics:
 
     def set(self, key: str, value: torch.Tensor) -> None:
         self.values[key] = value.detach()
+
+
+@dataclass
+class StepFlags:
+    """A learner step's decisions, made on the device: whether each policy optimizer step not
+    yet settled was taken (0-dim bools, in order) and how many critic steps were skipped for a
+    non-finite gradient (0-dim, None without a critic update). Not metrics: `Sharding.read`
+    returns them beside the metrics, from the same device read."""
+
+    policy_stepped: list[torch.Tensor] = field(default_factory=list)
+    critic_skipped: torch.Tensor | None = None
+
+    def tensors(self) -> list[torch.Tensor]:
+        skipped = [] if self.critic_skipped is None else [self.critic_skipped]
+        return [*self.policy_stepped, *skipped]
+
+
+@dataclass
+class StepDecisions:
+    """`StepFlags` read on the host: the policy steps taken, the critic steps skipped."""
+
+    policy_stepped: list[bool]
+    critic_skipped: int
 
 
 def stacked_floats(tensors: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -169,6 +192,23 @@ class Sharding:
         """Every metric of `m` as a python float (minima and maxima under their own keys)."""
         return stacked_floats({**m.sums, **m.mins, **m.maxs, **m.values})
 
+    def read(self, m: StepMetrics, flags: StepFlags) -> tuple[dict[str, float], StepDecisions]:
+        """`floats(m)` and the step's `flags`, with one device read: the flags travel in the
+        same transfer as the `set` values (every rank's already), under keys no metric has,
+        and never reach the metrics returned."""
+        tensors = flags.tensors()
+        keys = [f"\x00flag/{i}" for i in range(len(tensors))]
+        m.values.update(zip(keys, tensors, strict=True))
+        try:
+            metrics = self.floats(m)
+        finally:
+            for key in keys:
+                m.values.pop(key)
+        values = [metrics.pop(key) for key in keys]
+        n = len(flags.policy_stepped)
+        skipped = round(values[n]) if flags.critic_skipped is not None else 0
+        return metrics, StepDecisions([bool(v) for v in values[:n]], skipped)
+
     def full_state(self, module: nn.Module, everywhere: bool = False) -> dict[str, Any]:
         """`module`'s whole state dict (detached tensors; `everywhere` matters when sharded)."""
         return module.state_dict()
@@ -192,9 +232,13 @@ class Sharding:
             # AdamW): cloned, so that the state loaded from stays as it was when this trains.
             if isinstance(opt_state.get("state"), dict):
                 per_param = {
-                    pid: {k: v.clone() if isinstance(v, torch.Tensor) and v.dim() == 0 else v
-                          for k, v in entry.items()} if isinstance(entry, dict) else entry
+                    pid: {
+                        k: v.clone() if isinstance(v, torch.Tensor) and v.dim() == 0 else v
+                        for k, v in entry.items()
+                    }
+                    if isinstance(entry, dict)
+                    else entry
                     for pid, entry in opt_state["state"].items()
-                }  # fmt: skip
+                }
                 opt_state = {**opt_state, "state": per_param}
             opt.load_state_dict(own_fused_flags(opt, opt_state))

@@ -85,17 +85,3 @@ def load_trusted(
     if config_path is None and saved is not None:
         check_saved_code(cfg, saved, override_keys(overrides), trust)
     return cfg
-
-
-def resume_config(
-    config_path: str | None, resume: str | None, overrides: Sequence[str], trust: bool
-) -> Config:
-    """The config of `saorl train [--resume RUN]`: the run's config.toml unless `config_path`."""
-    saved = None
-    if resume is not None:
-        run_dir = Path(resume)
-        if not run_dir.is_dir():
-            raise ConfigError(f"--resume: run directory not found: {run_dir}")
-        if (run_dir / "config.toml").is_file():
-            saved = str(run_dir / "config.toml")
-    return load_trusted(config_path, saved, overrides, trust)

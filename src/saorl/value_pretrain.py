@@ -27,22 +27,20 @@ from saorl.learner import Learner
 from saorl.losses import value_loss
 from saorl.metrics import TrainProgress
 from saorl.models.loading import load_policy, resolve_device
+from saorl.rollout.agent import UNTRAINABLE
 from saorl.sharding import StepMetrics
 from saorl.types import Batch
 
 
 def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
+    """Explained variance of the critic's values against the value targets the training step
+    uses (`saorl.critic_updater.gae_targets`), over the action tokens of all `batches`."""
     values, returns, masks = [], [], []
-    learner.critic.eval()
-    with torch.no_grad():
-        for b in batches:
-            b = b.to(learner.device)
-            v = learner.critic(b.input_ids, b.attention_mask) * b.action_mask
-            # gamma = lambda_critic = 1 (the defaults): every action token's target is the
-            # outcome reward of its row.
-            returns.append(b.scores[:, None].to(v.dtype) * b.action_mask)
-            values.append(v)
-            masks.append(b.action_mask)
+    for b in batches:
+        v, ret = learner.critic_updater.evaluate(b)
+        values.append(v)
+        returns.append(ret)
+        masks.append(b.action_mask.to(v.device))
     flat = [torch.cat([x.flatten() for x in xs]) for xs in (values, returns, masks)]
     return value_loss(flat[0][None], flat[1][None], flat[2][None])[1]["value/explained_variance"]
 
@@ -84,13 +82,8 @@ def value_pretrain(
             learner.warm_up(spec, tokenizer, progress)
     rng = random.Random(cfg.run.seed + 7)
     problems = [spec.task.sample(rng) for _ in range(rollouts)]
-    trajs = run_episodes(
-        learner.policy, tokenizer, spec, problems,
-        max_seq_len=cfg.model.max_seq_len, max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, seed=cfg.run.seed + 7,
-        stop=tuple(cfg.rollout.stop),
-    )  # fmt: skip
-    trajs = [t for t in trajs if t.stop_reason not in ("aborted", "env_error")]
+    trajs = run_episodes(learner.policy, tokenizer, spec, problems, cfg, seed=cfg.run.seed + 7)
+    trajs = [t for t in trajs if t.stop_reason not in UNTRAINABLE]  # as the collector drops
     if len(trajs) < 2:
         raise ConfigError(
             f"value-pretrain: {len(trajs)} of {rollouts} rollouts ended without an environment "

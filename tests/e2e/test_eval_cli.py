@@ -79,9 +79,9 @@ def test_prompt_template_reaches_the_in_process_engine(tmp_path):
         ("saorl", "Solve the problem. Put the final answer in \\boxed{}.", "Please reason"),
     ):
         wrapped = dataclasses.replace(spec, make_env=prompt_template(name).wrap(spec.make_env))
-        policy, tokenizer = load_policy(tiny_config("model.max_seq_len=256").model)
-        [episode] = run_episodes(policy, tokenizer, wrapped, list(spec.task.held_out),
-                                 max_seq_len=256, max_new_tokens=2)  # fmt: skip
+        tiny = tiny_config("model.max_seq_len=256", "rollout.max_new_tokens=2")
+        policy, tokenizer = load_policy(tiny.model)
+        [episode] = run_episodes(policy, tokenizer, wrapped, list(spec.task.held_out), tiny)
         prompt = tokenizer.decode(episode.prompt_ids)
         assert shown in prompt and not_shown not in prompt
 

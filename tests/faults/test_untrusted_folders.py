@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 import saorl
+from saorl.api import train_config
 from saorl.config import ConfigError, ModelConfig, config_to_toml, load_config
-from saorl.trust import load_trusted, resume_config
+from saorl.trust import FLAG, load_trusted
 from tests.faults._common import run_saorl, saorl_cmd
 
 pytestmark = pytest.mark.faults
@@ -91,7 +92,7 @@ def test_every_field_that_names_code_is_checked(tmp_path: Path, fields: dict, ke
     with pytest.raises(ConfigError, match=rf"{key} = .*evil\.py.*--trust-remote-code"):
         load_trusted(None, saved, [], trust=False)
     with pytest.raises(ConfigError, match=key):
-        resume_config(None, str(run), ["run.total_steps=3"], trust=False)
+        train_config(None, ["run.total_steps=3"], resume=str(run), trust_flag=FLAG)
     assert load_trusted(None, saved, [], trust=True).model.trust_remote_code
     # The user's own config file and overrides are theirs: never refused.
     assert load_trusted(saved, None, [], trust=False).env.name == "math"

@@ -63,3 +63,32 @@ def test_the_value_loss_covers_the_positions_gae_reads(tiny_policy, skip):
         assert torch.count_nonzero(values.grad[observation]) == 0
     else:
         assert values.grad[observation].abs().min() > 0  # every observation token is a target
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("algorithm.gamma=0.9",),  # discounted targets, not the row's outcome
+        ("algorithm.lambda_critic=0.5",),  # bootstrapped targets
+        ("algorithm.skip_observations=false", "algorithm.lambda_critic=0.9"),  # observations too
+    ],
+)
+def test_value_pretrain_explained_variance_is_the_training_steps(tiny_policy, overrides):
+    """`saorl value-pretrain` reports explained variance against the targets the training
+    step fits (its GAE), so the two numbers agree on the same batch and critic."""
+    from saorl import value_pretrain
+
+    policy, _ = tiny_policy
+    batch = _obs_batch(policy)
+    cfg = tiny_config(*overrides, "critic.updates_per_step=1", "learner.micro_batch_size=8")
+    learner = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
+    torch.manual_seed(1)  # a value head that is not zero, so the values vary
+    with torch.no_grad():
+        learner.critic.value_head.weight.normal_(0.0, 0.5)
+    ev = value_pretrain._explained_variance(learner, [batch])
+    _, vm = learner.critic_updater.prepare(batch)
+    assert ev == pytest.approx(float(vm["value/explained_variance"]), rel=1e-5)
+    # The statuses it drops are the collector's, not a copy.
+    from saorl import collector
+
+    assert value_pretrain.UNTRAINABLE is collector.UNTRAINABLE

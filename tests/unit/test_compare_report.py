@@ -30,6 +30,7 @@ from saorl.compare import (
     failed_runs,
     parse_arm,
     parse_arms,
+    plan_runs,
     run_compare,
     split_arms,
     write_compare_report,
@@ -465,7 +466,7 @@ def test_readme_and_docs_tables_of_arms_match_the_presets() -> None:
     # The tables say what each arm runs; they must be the presets' own words, not a memory.
     root = Path(__file__).resolve().parents[2]
     table = components_table([*DEFAULT_ARMS, "sao_ppo_clip", *ABLATIONS])
-    for doc in ("README.md", "docs/algorithms.md"):
+    for doc in ("docs/results.md", "docs/algorithms.md"):
         text = (root / doc).read_text(encoding="utf-8")
         assert components_table([*DEFAULT_ARMS, "sao_ppo_clip"]) in text or table in text, doc
 
@@ -494,3 +495,14 @@ def test_parallel_runs_record_the_failures_of_their_processes(tmp_path: Path) ->
     assert all("critic.lr" in r["error"] for r in table[2:])
     assert "FAILED" in (out / "neg" / "seed0.log").read_text()
     assert failed_runs(out) == ["neg/seed0", "neg/seed1", "bad/seed0", "bad/seed1"]
+
+
+def test_arm_paths_outside_the_bmp_round_trip(tmp_path):
+    # A run directory with an emoji, quotes and a backslash: the override is a TOML string
+    # that reads back as written (JSON's surrogate escapes are not TOML and read back wrong).
+    out = tmp_path / 'runs \U0001f600 "q" \\ x'
+    runs, _ = plan_runs(None, [], [parse_arm("sao")], out, seeds=1)
+    (run,) = runs
+    cfg = load_config(None, run.overrides)
+    assert cfg.run.output_dir == str(out)
+    assert cfg.run.name == "sao"

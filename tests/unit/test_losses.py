@@ -14,6 +14,7 @@ from saorl.losses import (
     masked_aggregate,
     positive_lm_loss,
     ppo_clip_policy_loss,
+    sampler_kl_penalty,
     value_loss,
 )
 
@@ -258,6 +259,26 @@ def test_ppo_ignores_padding_garbage() -> None:
 
 
 # ----------------------------------------------------------------------------- value
+
+
+def test_sampler_kl_penalty_is_k3_of_current_minus_rollout_by_hand() -> None:
+    # Ratios rho = current / rollout of 2 and 1/2 on two action tokens, a padded third token.
+    # The rollout sampled the tokens, so the unbiased k3 of KL(rollout || current) is
+    # rho - 1 - log rho per token: 2 - 1 - log 2 = 0.3069 and 1/2 - 1 + log 2 = 0.1931, mean
+    # 0.25. The mirrored form 1/rho - 1 + log rho would give 0.1931 and 0.3069 for the tokens
+    # in the other order: the same mean here, so the gradients tell the two apart.
+    lp, rollout = _logprobs_for_ratios([[2.0, 0.5, 1.0]])
+    mask = torch.tensor([[1, 1, 0]])
+    loss = sampler_kl_penalty(lp, rollout, mask)
+    assert loss.item() == pytest.approx(0.25)
+    loss.backward()
+    # d/d logp of (rho - 1 - log rho) / 2 tokens = (rho - 1) / 2: 0.5 and -0.25, none on padding
+    # (the mirrored form's gradient would be (1 - 1/rho) / 2: 0.25 and -0.5).
+    assert lp.grad[0].tolist() == pytest.approx([0.5, -0.25, 0.0])
+    # The sampler's log-probs are data: no gradient flows to them.
+    assert not sampler_kl_penalty(lp.detach(), rollout.requires_grad_(True), mask).requires_grad
+    # The learner's penalty is this function (an update that matches the sampler costs 0).
+    assert sampler_kl_penalty(rollout.detach(), rollout.detach(), mask).item() == 0.0
 
 
 def test_value_loss_unclipped_by_hand() -> None:

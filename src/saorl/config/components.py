@@ -323,9 +323,9 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(
         0.0,
         ge=0,
-        description="per-token k3 penalty on KL(current policy || the policy that sampled the "
-        "token), from the engine's recorded log-probs; not a reference/initial-policy KL; "
-        "paper: 0 (none)",
+        description="per-token k3 penalty on KL(the policy that sampled the token || current "
+        "policy), from the engine's recorded log-probs (unbiased: that policy sampled the "
+        "tokens); not a reference/initial-policy KL; paper: 0 (none)",
     )
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
@@ -476,7 +476,10 @@ class LearnerConfig(_Section):
         4, ge=0, description="policy versions a trajectory may lag; staler ones are dropped"
     )
     push_every: int = Field(
-        1, ge=1, description="optimizer steps between weight pushes to the engines; design: 1"
+        1,
+        ge=1,
+        description="policy versions (policy optimizer steps taken) between weight pushes to "
+        "the engines: a push once this many have passed since the last one; design: 1",
     )
     lr_warmup_steps: int = Field(
         20,

@@ -335,7 +335,7 @@ def _toml_value(value: Any) -> str:
             return "inf" if value > 0 else "-inf"
         return repr(value)
     if isinstance(value, str):
-        return _toml_string(value)
+        return toml_string(value)
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     if isinstance(value, dict):  # an inline table (`env.args`)
@@ -346,15 +346,23 @@ def _toml_value(value: Any) -> str:
 
 def _toml_key(key: str) -> str:
     bare = key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key)
-    return key if bare else _toml_string(key)
+    return key if bare else toml_string(key)
 
 
 _ESCAPES = {
-    '"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r",
-}  # fmt: skip
+    '"': '\\"',
+    "\\": "\\\\",
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+}
 
 
-def _toml_string(text: str) -> str:
+def toml_string(text: str) -> str:
+    """`text` as a TOML basic string (a value or a key); characters outside the BMP are
+    written as themselves: TOML has no surrogate escapes."""
     out = []
     for ch in text:
         if ch in _ESCAPES:

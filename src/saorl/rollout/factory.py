@@ -21,9 +21,16 @@ def build_engine(
     *,
     seed: int,
     version: int = 0,
+    share_model: bool = False,
+    max_concurrent: int | None = None,
 ) -> Engine:
-    """A rollout engine sampling from (a private copy of) `policy` at policy `version`."""
+    """A rollout engine sampling from (a private copy of) `policy` at policy `version`.
+
+    `share_model`: the HF engine samples from `policy` itself (evaluation, in the thread that
+    owns it); the vLLM engine always holds weights of its own. `max_concurrent`: instead of
+    `rollout.max_concurrent`."""
     rc = cfg.rollout
+    concurrent = rc.max_concurrent if max_concurrent is None else max_concurrent
     if rc.engine == "hf":
         from saorl.rollout.hf_engine import HFEngine
 
@@ -33,10 +40,11 @@ def build_engine(
             max_seq_len=cfg.model.max_seq_len,
             temperature=rc.temperature,
             top_p=rc.top_p,
-            max_concurrent=rc.max_concurrent,
+            max_concurrent=concurrent,
             seed=seed,
             version=version,
             kv_cache=rc.kv_cache,
+            copy_model=not share_model,
             record_routing=cfg.algorithm.routing_replay,
         )
     elif rc.engine == "vllm":
@@ -48,7 +56,7 @@ def build_engine(
             max_seq_len=cfg.model.max_seq_len,
             temperature=rc.temperature,
             top_p=rc.top_p,
-            max_concurrent=rc.max_concurrent,
+            max_concurrent=concurrent,
             seed=seed,
             version=version,
             dtype=cfg.model.dtype,
