@@ -174,4 +174,5 @@ def build_agent_spec(
         lambda: AgentProgram(cfg, fn, source.make_env, scorer),  # type: ignore[arg-type,return-value]
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_tool_calls,
+        demo=source.demo,  # the warm-up; it helps when the agent's prompt is the task's own
     )
