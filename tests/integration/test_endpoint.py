@@ -5,6 +5,7 @@ history rewrites as new segments, and the errors a client can provoke."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -281,3 +282,33 @@ def test_a_template_free_extension_equals_plain_concatenation():
     ids2, extends2 = session.prompt_ids(more, None)
     assert extends2 and ids2 == ids + sampled + tok.encode(" ok", add_special_tokens=False)
     assert session.mismatches == 0
+
+
+def test_concurrent_calls_of_one_episode_branch_into_segments():
+    tok = _tok()
+    engine = Recording(ScriptedEngine(tok, ["first", "left!", "right"]))  # equal lengths
+
+    async def agent(task, client):
+        msgs = [{"role": "user", "content": task["prompt"]}]
+        r = await client.chat.completions.create(model="policy", messages=msgs)
+        msgs += [
+            r.choices[0].message.model_dump(exclude_none=True),
+            {"role": "user", "content": "Two views?"},
+        ]
+        await asyncio.gather(
+            *(client.chat.completions.create(model="policy", messages=msgs) for _ in range(2))
+        )
+        return 1.0
+
+    trajs, _ = run_agents(engine, tok, [TASK], agent)
+    c1, c2, c3 = engine.completions
+    assert c2.request.prompt_ids == c3.request.prompt_ids  # both extend the first call
+    grown, branch = sorted(trajs, key=lambda t: len(t.prompt_ids))
+    assert [t.info["agent/segments"] for t in trajs] == [2, 2]
+    # One call extends the first segment; the other, recorded after it, branches off with the
+    # same prompt as a segment of its own. Each model token is trained exactly once.
+    assert grown.completion_ids[: len(c1.token_ids)] == c1.token_ids
+    assert branch.prompt_ids == c2.request.prompt_ids
+    assert sorted([grown.completion_ids[-len(c2.token_ids) :], branch.completion_ids]) == sorted(
+        [c2.token_ids, c3.token_ids]
+    )

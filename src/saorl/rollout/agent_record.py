@@ -152,8 +152,10 @@ class AgentSession:
         with self.lock:
             if self.closed:  # the episode ended (timed out) while this call ran
                 return
-            if extends and self.segments:
-                seg = self.segments[-1]
+            # Re-checked here: a concurrent call of the same episode may have grown the
+            # segment since this call's prompt was built (then this one branches off it).
+            seg = self.segments[-1] if self.segments else None
+            if extends and seg is not None and prompt_ids[: len(seg.ids)] == seg.ids:
                 seg.add_observation(prompt_ids[len(seg.ids) :])
             else:
                 seg = Episode(None, self.task, [], list(prompt_ids), group_id=self.group_id)  # type: ignore[arg-type]

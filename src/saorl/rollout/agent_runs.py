@@ -11,6 +11,7 @@ queue as trajectories. A program that raises, exits non-zero, gives no reward or
 from __future__ import annotations
 
 import concurrent.futures
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -85,6 +86,11 @@ class AgentRuns:
 
     def _fail(self, session: AgentSession, reason: str, message: str) -> None:
         self.failures[reason] += 1
+        if self.failures[reason] == 1:  # once per kind: rollout/failed counts every one
+            print(
+                f"saorl: {self.worker.name}: an agent episode failed ({reason}): {message}",
+                file=sys.stderr,
+            )
         ep = Episode(None, session.task, [], [], group_id=session.group_id)  # type: ignore[arg-type]
         ep.info.update({"error": message, "agent/failure": reason})
         self._finish(session, [ep.finish("env_error", key=task_key(session.task))])
