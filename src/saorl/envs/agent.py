@@ -113,8 +113,10 @@ class AgentProgram:
         if proc.returncode != 0:
             raise AgentFailure("exit", f"{self.command!r} exited with {proc.returncode}: {tail}")
         lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
+        if not lines:
+            raise AgentFailure("no_reward", f"{self.command!r} printed nothing on stdout: {tail}")
         try:
-            return json.loads(lines[-1]) if lines else None
+            return json.loads(lines[-1])
         except ValueError:
             raise AgentFailure(
                 "no_reward", f"last stdout line is not JSON: {lines[-1][:200]!r}"
