@@ -4,6 +4,7 @@ command agent, each for a couple of steps on the tiny model."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,3 +87,55 @@ def test_a_command_agent_trains(tmp_path, monkeypatch):
     rows = [r for r in _rows(tmp_path / "runs" / "cmd") if "rollout/reward_mean" in r]
     assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
     assert all(r["rollout/failed"] == 0 for r in rows)
+
+
+@pytest.mark.slow
+def test_agents_under_ray_call_their_own_actors_endpoint(tmp_path):
+    """`--ray` with two rollout actors: each serves its own endpoint (a port of its own) and
+    the agents it runs call that one."""
+    pytest.importorskip("ray")
+    seen = tmp_path / "seen"
+    seen.mkdir()
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import os, uuid\n"
+        f"SEEN = {str(seen)!r}\n"
+        + COMMAND.replace(
+            "print(json.dumps(",
+            "open(os.path.join(SEEN, uuid.uuid4().hex), 'w').write("
+            "os.environ['OPENAI_BASE_URL'].split('/episodes/')[0] + ' '"
+            " + os.environ['SAORL_WORKER'])\n"
+            "print(json.dumps(",
+        )
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            "--ray",
+            "ray.num_cpus=2",
+            "rollout.num_workers=2",
+            "ray.rollout_num_cpus=0.5",
+            "env.name=agent",
+            f"env.agent_command={sys.executable} {agent}",
+            "env.agent_tasks=arithmetic",
+            f"run.output_dir={tmp_path}",
+            "run.name=ray",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+        cwd=tmp_path,
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    rows = [r for r in _rows(tmp_path / "ray") if "rollout/reward_mean" in r]
+    assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
+    served = {tuple(p.read_text().split()) for p in seen.iterdir()}
+    by_actor = {worker: {root for root, w in served if w == worker} for _, worker in served}
+    # One endpoint per rollout actor (the final evaluation runs in the driver, on its own).
+    assert len(by_actor["rollout-0"]) == len(by_actor["rollout-1"]) == 1, served
+    assert by_actor["rollout-0"] != by_actor["rollout-1"]
+    assert all(root.startswith("http://127.0.0.1:") for root, _ in served)

@@ -5,10 +5,11 @@
 
 The program owns its loop and calls the model through the training endpoint of the worker that
 runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
-`openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin and
-`OPENAI_BASE_URL`, `OPENAI_API_KEY` and `OPENAI_MODEL` in its environment, and prints
-`{"reward": ...}` as JSON on its last stdout line. Either returns the reward (a number, or a
-dict with "reward" and other numeric metrics, logged as `agent/<name>`).
+`openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
+`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` and `SAORL_WORKER` (the rollout worker's
+name) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
+returns the reward (a number, or a dict with "reward" and other numeric metrics, logged as
+`agent/<name>`).
 
 Without a reward: `env.reward_fns` score the episode's messages; else the task source's own
 environment grades the last assistant message (the one reply a single-turn task would see).
@@ -64,13 +65,18 @@ class AgentProgram:
         self.timeout_s = cfg.step_timeout_s
 
     async def run(
-        self, task: Any, base_url: str, api_key: str, conversation: Callable[[], list[dict]]
+        self,
+        task: Any,
+        base_url: str,
+        api_key: str,
+        conversation: Callable[[], list[dict]],
+        worker: str = "",
     ) -> tuple[float, dict[str, Any]]:
         """Run the program for one episode: `(reward, metrics)`; raises on failure."""
         if self.fn is not None:
             result = await self._call(task_dict(task), base_url, api_key)
         else:
-            result = await self._spawn(task_dict(task), base_url, api_key)
+            result = await self._spawn(task_dict(task), base_url, api_key, worker)
         reward, metrics = _read_result(result)
         if reward is None:
             reward, metrics = await self._score(task, conversation(), metrics)
@@ -88,12 +94,13 @@ class AgentProgram:
         finally:
             await client.close()
 
-    async def _spawn(self, task: dict[str, Any], base_url: str, api_key: str) -> Any:
+    async def _spawn(self, task: dict[str, Any], base_url: str, api_key: str, worker: str) -> Any:
         env = {
             **os.environ,
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_KEY": api_key,
             "OPENAI_MODEL": MODEL_NAME,
+            "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
         }
         proc = await asyncio.create_subprocess_shell(
             self.command,

@@ -51,7 +51,8 @@ class AgentRuns:
     def start(self, env: Any, task: Any, group_id: int) -> None:
         session = self.endpoint.open(task, group_id)
         self.worker.episodes[id(session)] = session  # `.task`, `.group_id` for snapshots
-        coro = env.run(task, self.endpoint.base_url(session), session.key, session.conversation)
+        url = self.endpoint.base_url(session)
+        coro = env.run(task, url, session.key, session.conversation, worker=self.worker.name)
         future = self.worker._env_call(env, coro)
         self.pending.append((session, future, time.monotonic() + self.worker.limits.env_timeout_s))
 
