@@ -20,15 +20,20 @@ class EnvConfig(_Section):
         "arithmetic",
         description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
         "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
-        "sandboxed Python tool; 'swe' = fix a repository until its tests pass (shell and edit "
-        "tools, SWE-bench-style grading); or your own: 'package.module:attr' or "
+        "sandboxed Python tool; 'reasoning_gym' = reasoning-gym's procedural tasks "
+        "(env.rg_datasets, single turn or with the Python tool; the reasoning-gym extra); "
+        "'swe' = fix a repository until its tests pass (shell and edit tools, SWE-bench-style "
+        "grading); 'agent' = your agent program over the OpenAI API (env.agent or "
+        "env.agent_command, docs/agents.md); or your own: 'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="your own env.name: keyword arguments of its factory (or of the class's "
-        "tasks()), a TOML table, e.g. {max_guesses = 4}",
+        "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'reasoning_gym': a table per "
+        "dataset of env.rg_datasets, its sampling `weight` (default 1) and the dataset's own "
+        "config fields, e.g. {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -67,13 +72,16 @@ class EnvConfig(_Section):
         description="seconds one reward function may take; a slower or raising one fails its "
         "episode (env_error, not trained on), the run goes on",
     )
-    use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
+    use_tool: bool = Field(
+        True, description="envs 'math' and 'reasoning_gym': offer the sandboxed Python tool"
+    )
     tool_format: Literal["code", "hermes", "llama3"] = Field(
         "code",
         description="'code' = <python>...</python> blocks (small models; env 'swe': "
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
         "chat models); 'llama3' = the whole turn is {'name': ..., 'parameters': {...}} as JSON "
-        "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe'",
+        "(Llama 3.1-3.3 JSON tool calling, envs 'math' and 'reasoning_gym'); envs 'math', "
+        "'reasoning_gym' and 'swe'",
     )
     tools: list[str] = Field(
         default_factory=list,
@@ -113,15 +121,27 @@ class EnvConfig(_Section):
     answer_extractor: Literal["none", "gsm8k"] = Field(
         "none", description="env 'math' with a path: 'gsm8k' takes the answer after '####'"
     )
+    rg_datasets: list[str] = Field(
+        default_factory=list,
+        description="env 'reasoning_gym': reasoning-gym dataset names, e.g. ['chain_sum', "
+        "'leg_counting']; weights and dataset settings in env.args (docs/reasoning-gym.md)",
+    )
+    rg_answer_format: Literal["tags", "plain"] = Field(
+        "tags",
+        description="env 'reasoning_gym': 'tags' = the answer is the last <answer>...</answer> "
+        "of the final turn (reasoning-gym's convention; the instructions ask for it); 'plain' "
+        "= the final turn's whole text (small models such as builtin:tiny)",
+    )
     system_prompt: str = Field(
         "",
-        description="env 'math': a system message opening each episode; a row whose prompt "
-        "messages have their own system message keeps that one",
+        description="envs 'math' and 'reasoning_gym': a system message opening each episode; "
+        "a row whose prompt messages have their own system message keeps that one",
     )
     instructions: bool = Field(
         True,
-        description="env 'math': put saorl's instructions (the tool's syntax, answer in "
-        "\\boxed{}) before each problem; false = the dataset's prompt as it is",
+        description="envs 'math' and 'reasoning_gym': put saorl's instructions (the tool's "
+        "syntax, how to give the answer) before each problem; false = the dataset's prompt as "
+        "it is",
     )
     data_root: str = Field(
         "",
@@ -280,7 +300,13 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.tool_format = 'llama3' is for env 'math'; env 'swe' takes 'code' or 'hermes'"
             )
-        if self.args and self.name in BUILTIN_ENVS and self.name != "agent":
+        # An agent env takes its tasks (and their settings) from env.agent_tasks.
+        tasks = self.agent_tasks if self.name == "agent" else self.name
+        if tasks in RG_ENVS:
+            _check_rg(self.rg_datasets, self.args)
+        elif self.rg_datasets:
+            raise ValueError(f"env.rg_datasets is for env.name = {' or '.join(map(repr, RG_ENVS))}")
+        if self.args and tasks in BUILTIN_ENVS and tasks not in RG_ENVS:
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
@@ -300,7 +326,39 @@ class EnvConfig(_Section):
         return self
 
 
-BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "swe", "agent")
+BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "reasoning_gym", "swe", "agent")
+# The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
+RG_ENVS = ("reasoning_gym",)
+
+
+def _check_rg(datasets: list[str], args: dict[str, Any]) -> None:
+    """The shape of env.rg_datasets and env.args (the names are checked against
+    reasoning-gym's registry when the env is built: importing it here would make the extra a
+    dependency of the config)."""
+    if not datasets:
+        raise ValueError("env.rg_datasets: name at least one dataset, e.g. ['chain_sum']")
+    if len(set(datasets)) < len(datasets):
+        raise ValueError(f"env.rg_datasets lists a dataset twice: {datasets}")
+    for name, table in args.items():
+        if name not in datasets:
+            raise ValueError(
+                f"env.args.{name}: not one of env.rg_datasets ({', '.join(datasets)}); "
+                "env.args holds one table per listed dataset"
+            )
+        if not isinstance(table, dict):
+            raise ValueError(
+                f"env.args.{name} must be a table, e.g. {{weight = 2, ...}}, not {table!r}"
+            )
+        weight = table.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ValueError(f"env.args.{name}.weight must be a number > 0, not {weight!r}")
+        if "seed" in table:
+            raise ValueError(
+                f"env.args.{name}.seed: set env.seed instead (saorl seeds training and "
+                "held-out items apart)"
+            )
+
+
 # `package.module:attr` / `path/to/file.py:attr`; attr may be dotted (`Class.factory`).
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # What `saorl.train(env=<object>)` stores: an object that lives only in this process.

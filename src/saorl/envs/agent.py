@@ -41,8 +41,10 @@ MODEL_NAME = "policy"  # the name the endpoint serves
 
 
 def task_dict(task: Any) -> dict[str, Any]:
-    """What an agent gets: the task's columns (a dataset row, a mapping, a dataclass's fields),
-    else {"prompt": str(task)}."""
+    """What an agent gets: the task's own `as_dict()` (reasoning-gym items), else its columns
+    (a dataset row, a mapping, a dataclass's fields), else {"prompt": str(task)}."""
+    if callable(getattr(task, "as_dict", None)):
+        return task.as_dict()
     return task_columns(task) or {"prompt": str(task)}
 
 
