@@ -359,11 +359,12 @@ def _rollout_metrics(
     if tools:
         calls = [t.info.get("tool_calls", 0) for t in got.trajectories]
         out["rollout/tool_calls_mean"] = sum(calls) / len(calls)
-    # `env.reward_fns`: each function's mean over the trajectories it scored (not None)
+    # `env.reward_fns`: each function's mean over the trajectories it scored (not None);
+    # agent programs' `agent/*` counts and metrics alike
     scored: dict[str, list[float]] = {}
     for t in got.trajectories:
         for key, value in t.info.items():
-            if key.startswith("reward/"):
+            if key.startswith(("reward/", "agent/")) and isinstance(value, int | float):
                 scored.setdefault(key, []).append(value)
     out.update({key: sum(vs) / len(vs) for key, vs in scored.items()})
     return out

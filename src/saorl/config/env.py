@@ -23,7 +23,8 @@ class EnvConfig(_Section):
         "sandboxed Python tool; 'reasoning_gym' = reasoning-gym's procedural tasks "
         "(env.rg_datasets, single turn or with the Python tool; the reasoning-gym extra); "
         "'swe' = fix a repository until its tests pass (shell and edit tools, SWE-bench-style "
-        "grading); or your own: 'package.module:attr' or "
+        "grading); 'agent' = your agent program over the OpenAI API (env.agent or "
+        "env.agent_command, docs/agents.md); or your own: 'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
     )
@@ -208,6 +209,31 @@ class EnvConfig(_Section):
         "failing tasks are logged with the reason and left out",
     )
 
+    agent: str = Field(
+        "",
+        description="env 'agent': your agent program 'file.py:fn' or 'package.module:fn' "
+        "(stored absolute), `async def run(task, client)` with the task as a dict and an "
+        "openai.AsyncOpenAI bound to its episode, returning the reward (a float, or a dict with "
+        "'reward' and numeric metrics); docs/agents.md",
+    )
+    agent_command: str = Field(
+        "",
+        description="env 'agent': instead of env.agent, a shell command run once per episode "
+        "(any language) with OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL set, the task as "
+        'JSON on stdin, printing {"reward": ...} as JSON on its last stdout line',
+    )
+    agent_tasks: str = Field(
+        "math",
+        description="env 'agent': the environment whose tasks agents get (and whose grader "
+        "scores the last reply when neither the agent nor env.reward_fns give a reward): "
+        "'math' = env.dataset rows, 'arithmetic', or any other env.name's task source",
+    )
+    agent_host: str = Field(
+        "127.0.0.1",
+        description="env 'agent': the address each rollout worker's training endpoint binds "
+        "(a free port); loopback unless set",
+    )
+
     @field_validator("name")
     @classmethod
     def _check_env_name(cls, value: str) -> str:
@@ -232,6 +258,16 @@ class EnvConfig(_Section):
         if value and ("/" in value or "." in value) and os.path.exists(value):
             return os.path.abspath(value)
         return value
+
+    @field_validator("agent")
+    @classmethod
+    def _check_agent(cls, value: str) -> str:
+        return check_reference(value, builtins=(), what="agent program") if value else value
+
+    @field_validator("agent_tasks")
+    @classmethod
+    def _check_agent_tasks(cls, value: str) -> str:
+        return check_reference(value, builtins=BUILTIN_ENVS, what="task source")
 
     @field_validator("reward_fns")
     @classmethod
@@ -264,15 +300,24 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.tool_format = 'llama3' is for env 'math'; env 'swe' takes 'code' or 'hermes'"
             )
-        if self.name in RG_ENVS:
+        # An agent env takes its tasks (and their settings) from env.agent_tasks.
+        tasks = self.agent_tasks if self.name == "agent" else self.name
+        if tasks in RG_ENVS:
             _check_rg(self.rg_datasets, self.args)
         elif self.rg_datasets:
             raise ValueError(f"env.rg_datasets is for env.name = {' or '.join(map(repr, RG_ENVS))}")
-        if self.args and self.name in BUILTIN_ENVS and self.name not in RG_ENVS:
+        if self.args and tasks in BUILTIN_ENVS and tasks not in RG_ENVS:
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
             )
+        if self.name == "agent" and bool(self.agent) == bool(self.agent_command):
+            raise ValueError(
+                "env.name = 'agent' runs an agent program: set exactly one of env.agent "
+                "('file.py:fn') and env.agent_command ('python agent.py')"
+            )
+        if self.agent_tasks == "agent":
+            raise ValueError("env.agent_tasks names the task source, not 'agent'")
         if self.reward_weights and len(self.reward_weights) != len(self.reward_fns):
             raise ValueError(
                 f"env.reward_weights has {len(self.reward_weights)} entries for "
@@ -281,7 +326,7 @@ class EnvConfig(_Section):
         return self
 
 
-BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "reasoning_gym", "swe")
+BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "reasoning_gym", "swe", "agent")
 # The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
 RG_ENVS = ("reasoning_gym",)
 

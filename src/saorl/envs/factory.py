@@ -55,7 +55,7 @@ def build_env(cfg: EnvConfig, *, held_out_only: bool = False) -> EnvSpec:
     saved config.toml always does: its own held-out set)."""
     spec = _build_env(cfg, held_out_only)
     spec.step_timeout_s = cfg.step_timeout_s
-    if cfg.reward_fns:
+    if cfg.reward_fns and cfg.name != "agent":  # agent programs apply them themselves
         from saorl.envs.rewards import with_reward_fns
 
         spec = with_reward_fns(spec, cfg)
@@ -124,6 +124,10 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             max_tool_calls=cfg.max_tool_calls if tools_on else 0,
             stop=tuple(stop_strings(cfg.tool_format)) if tools_on else (),
         )
+    elif cfg.name == "agent":
+        from saorl.envs.agent import build_agent_spec
+
+        return build_agent_spec(cfg, held_out_only, _build_env)
     elif cfg.name == "reasoning_gym":
         from saorl.envs.reasoning_gym import build_rg_spec
 

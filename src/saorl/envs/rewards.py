@@ -119,12 +119,19 @@ class RewardEnv:
         if not result.done:
             self.messages.extend(result.observations)
             return dataclasses.replace(result, reward=0.0)
-        kwargs = {**task_columns(self.task), "completion": action_text,
-                  "messages": list(self.messages)}  # fmt: skip
+        reward, info = await self.score(self.task, action_text, self.messages)
+        return StepResult(result.observations, reward, True, {**result.info, **info})
+
+    async def score(
+        self, task: Any, completion: str, messages: list[Message]
+    ) -> tuple[float, dict[str, float]]:
+        """The weighted reward of one finished episode and each function's value
+        (`reward/<name>`); agent programs without a reward of their own are scored here."""
+        kwargs = {**task_columns(task), "completion": completion, "messages": list(messages)}
         values = await asyncio.gather(*(self._score(f, kwargs) for f in self.fns))
         scored = [(f, v) for f, v in zip(self.fns, values, strict=True) if v is not None]
-        info = {**result.info, **{f"reward/{f.name}": v for f, v in scored}}
-        return StepResult(result.observations, sum(f.weight * v for f, v in scored), True, info)
+        info = {f"reward/{f.name}": v for f, v in scored}
+        return sum(f.weight * v for f, v in scored), info
 
     async def _score(self, f: RewardFn, kwargs: dict[str, Any]) -> float | None:
         if f.params is not None:

@@ -208,6 +208,10 @@ class RolloutWorker:
         self._inline_loop = asyncio.new_event_loop()
         self._bg_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[Episode, Completion, concurrent.futures.Future, float]] = []
+        # Agent programs (`env.name = "agent"`): their episodes and the endpoint they call,
+        # built with the first one; calls from its HTTP threads wait here for this thread.
+        self.agents: Any = None
+        self._calls: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
 
     # -- episodes ----------------------------------------------------------------------------
     def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
@@ -247,9 +251,37 @@ class RolloutWorker:
             )
         )
 
+    def submit_call(
+        self, prompt_ids: list[int], max_tokens: int | None, stop: list[str]
+    ) -> concurrent.futures.Future:
+        """An endpoint call (from any thread): queued for this worker's engine; the future
+        resolves to its `Completion`. Budget: `max_tokens`, capped like a turn's."""
+        room = self.limits.max_seq_len - len(prompt_ids)
+        budget = min(max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens, room)
+        forced = 0
+        if self.limits.forced_length is not None:  # benchmarks: the same lengths as env turns
+            budget = forced = min(self.limits.forced_length(), budget)
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        request = GenerationRequest(
+            prompt_ids=list(prompt_ids),
+            max_new_tokens=budget,
+            stop=list(stop),
+            greedy=self.limits.greedy,
+            payload=future,
+            min_new_tokens=forced,
+        )
+        self._calls.put(request)
+        return future
+
     def _start_episode(self, task: Any, group_id: int = -1) -> None:
         env = self.make_env()
         self.active += 1
+        if getattr(env, "drives_model", False):  # an agent program: it calls the endpoint
+            if self.agents is None:
+                from saorl.rollout.agent_runs import AgentRuns
+
+                self.agents = AgentRuns(self, env)
+            return self.agents.start(env, task, group_id)
         try:
             fut = self._env_call(env, env.reset(task))
             messages = fut.result(timeout=self.limits.env_timeout_s)
@@ -277,6 +309,10 @@ class RolloutWorker:
         self.out.put(ep.finish(reason, key=task_key(ep.task)))
 
     def _on_turn(self, c: Completion) -> None:
+        if isinstance(c.request.payload, concurrent.futures.Future):  # an endpoint call
+            if not c.request.payload.done():  # not cancelled by its episode's end
+                c.request.payload.set_result(c)
+            return
         ep: Episode = c.request.payload
         ep.add_turn(list(c.token_ids), list(c.logprobs), list(c.versions), c.routing)
         if c.finish_reason == "aborted":
@@ -344,14 +380,22 @@ class RolloutWorker:
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""
+        while not self._calls.empty():  # endpoint calls join the running batch
+            self._requests += 1
+            request = self._calls.get()
+            request.request_id = self._requests
+            self.engine.add_request(request)
         done = self.engine.step() if self.engine.num_unfinished() else []
         for c in done:
             self._on_turn(c)
         self._drain_env_results()
+        if self.agents is not None:
+            self.agents.drain()
         return len(done)
 
     def busy(self) -> bool:
-        return self.engine.num_unfinished() > 0 or bool(self._pending)
+        agents = self.agents is not None and self.agents.busy()
+        return self.engine.num_unfinished() > 0 or bool(self._pending) or agents
 
     # -- background thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -374,8 +418,8 @@ class RolloutWorker:
                         self.feed.cond.wait(timeout=0.05)
                     self.idle_s += time.perf_counter() - t0
                     continue
-                if self.engine.num_unfinished() == 0:
-                    time.sleep(0.001)  # only environment steps in flight
+                if self.engine.num_unfinished() == 0 and self._calls.empty():
+                    time.sleep(0.001)  # only environment steps (or agent programs) in flight
                 self.step()
         except BaseException as e:  # surfaced to the learner thread, which re-raises
             self.error = e
@@ -405,5 +449,7 @@ class RolloutWorker:
             self.feed.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        if self.agents is not None:
+            self.agents.close()
         if self._bg_loop is not None:
             self._bg_loop.call_soon_threadsafe(self._bg_loop.stop)

@@ -1,0 +1,207 @@
+"""Agent programs as the environment (`env.name = "agent"`, docs/agents.md).
+
+    env.agent = "my_agent.py:run"          # async def run(task, client) -> float | dict
+    env.agent_command = "python agent.py"  # one process per episode, any language
+
+The program owns its loop and calls the model through the training endpoint of the worker that
+runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
+`openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
+`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` and `SAORL_WORKER` (the rollout worker's
+name) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
+returns the reward (a number, or a dict with "reward" and other numeric metrics, logged as
+`agent/<name>`).
+
+Without a reward: `env.reward_fns` score the episode's messages; else the task source's own
+environment grades the last assistant message (the one reply a single-turn task would see).
+
+Tasks come from `env.agent_tasks`, the name of any environment the factory builds ('math':
+`env.dataset` rows; 'arithmetic'; a task source such as 'reasoning_gym'): its `task.sample`
+and `task.held_out`, and its environment as the grader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import math
+import numbers
+import os
+import signal
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from saorl.config import ConfigError, EnvConfig
+from saorl.envs.base import Env, EnvSpec
+from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
+from saorl.rollout.agent_runs import AgentFailure
+
+MODEL_NAME = "policy"  # the name the endpoint serves
+
+
+def task_dict(task: Any) -> dict[str, Any]:
+    """What an agent gets: the task's own `as_dict()` (reasoning-gym items), else its columns
+    (a dataset row, a mapping, a dataclass's fields), else {"prompt": str(task)}."""
+    if callable(getattr(task, "as_dict", None)):
+        return task.as_dict()
+    return task_columns(task) or {"prompt": str(task)}
+
+
+class AgentProgram:
+    """The "environment" of an agent episode: it runs the program instead of stepping."""
+
+    drives_model = True  # the rollout worker runs `run` and serves its calls
+    offload = True
+
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        fn: Callable[..., Any] | None,
+        grader: Callable[[], Env] | None,
+        scorer: RewardEnv | None,
+    ) -> None:
+        self.fn, self.command = fn, cfg.agent_command
+        self.grader, self.scorer = grader, scorer
+        self.host, self.models = cfg.agent_host, (MODEL_NAME,)
+        self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
+        self.timeout_s = cfg.step_timeout_s
+
+    async def run(
+        self,
+        task: Any,
+        base_url: str,
+        api_key: str,
+        conversation: Callable[[], list[dict]],
+        worker: str = "",
+    ) -> tuple[float, dict[str, Any]]:
+        """Run the program for one episode: `(reward, metrics)`; raises on failure."""
+        if self.fn is not None:
+            result = await self._call(task_dict(task), base_url, api_key)
+        else:
+            result = await self._spawn(task_dict(task), base_url, api_key, worker)
+        reward, metrics = _read_result(result)
+        if reward is None:
+            reward, metrics = await self._score(task, conversation(), metrics)
+        return reward, metrics
+
+    async def _call(self, task: dict[str, Any], base_url: str, api_key: str) -> Any:
+        import openai
+
+        client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=self.timeout_s,
+            http_client=_http_client(),
+        )
+        result = self.fn(task, client)  # type: ignore[misc]
+        return await result if inspect.isawaitable(result) else result
+
+    async def _spawn(self, task: dict[str, Any], base_url: str, api_key: str, worker: str) -> Any:
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_KEY": api_key,
+            "OPENAI_MODEL": MODEL_NAME,
+            "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
+        }
+        proc = await asyncio.create_subprocess_shell(
+            self.command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            out, err = await proc.communicate(json.dumps(task, default=str).encode())
+        except BaseException:  # timed out (cancelled) or the run stops: no orphaned agents
+            if proc.returncode is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        tail = err.decode(errors="replace").strip()[-300:]
+        if proc.returncode != 0:
+            raise AgentFailure("exit", f"{self.command!r} exited with {proc.returncode}: {tail}")
+        lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
+        if not lines:
+            raise AgentFailure("no_reward", f"{self.command!r} printed nothing on stdout: {tail}")
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            raise AgentFailure(
+                "no_reward", f"last stdout line is not JSON: {lines[-1][:200]!r}"
+            ) from None
+
+    async def _score(
+        self, task: Any, messages: list[dict], metrics: dict[str, Any]
+    ) -> tuple[float, dict[str, Any]]:
+        answers = [m for m in messages if m.get("role") == "assistant"]
+        if not answers:
+            raise AgentFailure("no_reward", "returned no reward and made no model call")
+        if self.scorer is not None:  # env.reward_fns
+            reward, info = await self.scorer.score(task, answers[-1]["content"], messages)
+            return reward, {**metrics, **info}
+        if self.grader is None:
+            raise AgentFailure("no_reward", "returned no reward and nothing grades its tasks")
+        env = self.grader()
+        await env.reset(task)
+        result = await env.step(answers[-1]["content"])
+        return result.reward, metrics
+
+
+_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+
+def _http_client() -> Any:
+    """One HTTP connection pool per event loop, shared by the episodes' clients: building one
+    loads the system's certificates (~0.2 s of CPU), which per episode would cost more than the
+    calls themselves. Episodes' clients are therefore never closed; the pool lives with the loop.
+    """
+    import openai
+
+    loop = asyncio.get_running_loop()
+    if loop not in _HTTP:
+        _HTTP[loop] = openai.DefaultAsyncHttpxClient()
+    return _HTTP[loop]
+
+
+def _read_result(result: Any) -> tuple[float | None, dict[str, Any]]:
+    """`(reward or None, metrics)` from what a program returned."""
+    metrics: dict[str, Any] = {}
+    if isinstance(result, dict):
+        metrics = {
+            f"agent/{k}": float(v) for k, v in result.items() if k != "reward" and _finite(v)
+        }
+        result = result.get("reward")
+    if result is None:
+        return None, metrics
+    if not _finite(result):
+        raise AgentFailure("bad_reward", f"the reward must be a finite number, got {result!r}")
+    return float(result), metrics
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def build_agent_spec(
+    cfg: EnvConfig, held_out_only: bool, build_source: Callable[[EnvConfig, bool], EnvSpec]
+) -> EnvSpec:
+    """The spec of `env.name = "agent"`: the tasks (and grader) of `env.agent_tasks`."""
+    from saorl.envs.custom import load_reference
+
+    source = build_source(cfg.model_copy(update={"name": cfg.agent_tasks}), held_out_only)
+    fn = load_reference(cfg.agent, "env.agent") if cfg.agent else None
+    if fn is not None and not callable(fn):
+        raise ConfigError(f"env.agent {cfg.agent!r}: {type(fn).__name__} is not callable")
+    scorer = None
+    if cfg.reward_fns:
+        scorer = RewardEnv(None, load_reward_fns(cfg), cfg.reward_timeout_s)  # type: ignore[arg-type]
+    return EnvSpec(
+        source.task,
+        lambda: AgentProgram(cfg, fn, source.make_env, scorer),  # type: ignore[arg-type,return-value]
+        max_turns=cfg.max_turns,
+        max_tool_calls=cfg.max_tool_calls,
+        demo=source.demo,  # the warm-up; it helps when the agent's prompt is the task's own
+    )
