@@ -67,12 +67,16 @@ def add_canaries(work: Path, ids: Sequence[str], n: int = 4) -> dict[str, str]:
 
 
 def check_canaries(planted: dict[str, str], statuses: dict[str, str]) -> str:
-    """'' when every canary reported what it must; else why the run is not trusted."""
-    wrong = {t: statuses.get(t) for t, want in planted.items() if statuses.get(t) != want}
+    """'' when every canary reported what it must (or the file failed to collect: every one an
+    error, as the task's tests there); else why the run is not trusted."""
+    got = {t: statuses.get(t) for t in planted}
+    if any(s in (None, "timeout", "missing") for s in got.values()):
+        return CUT_SHORT
+    if all(s == "error" for s in got.values()):
+        return ""
+    wrong = [t for t, want in planted.items() if got[t] != want]
     if not wrong:
         return ""
-    if any(s in (None, "timeout", "missing") for s in wrong.values()):
-        return CUT_SHORT
     return (
         f"{len(wrong)} of {len(planted)} canary tests (outcomes known in advance) were "
         "misreported: the run's reports are not trusted"

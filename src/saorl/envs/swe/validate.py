@@ -114,13 +114,14 @@ def _brief(message: str) -> str:
 
 
 def _failures(result: GradeResult, limit: int = 3) -> str:
-    if result.error:
-        return result.error
     bad = [
         (t, s)
         for t, s in {**result.fail_to_pass, **result.pass_to_pass}.items()
         if not counts_as_passing(s, result.gold.get(t))
     ]
+    # a test's own failure says more than a canary's; an error alone when nothing ran
+    if result.error and all(s == "missing" for _, s in bad):
+        return result.error
     shown = [f"{t} {s}" + (f" ({_brief(m)})" if (m := result.messages.get(t)) else "")
              for t, s in bad[:limit]]  # fmt: skip
     more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
