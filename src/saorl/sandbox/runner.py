@@ -7,7 +7,9 @@ Backends, chosen once per process (see `sandbox_info()`):
   files and the interpreter's prefix and venv; a private /proc, a minimal /dev, sized tmpfs at
   /tmp and /dev/shm, and the cwd `/sandbox`: a sized tmpfs, or the caller's `workdir` bound
   read-write. The wall-clock kill takes the whole tree down with bwrap's pid namespace, which
-  the kernel empties when its init dies.
+  the kernel empties when its init dies. One caller alone asks for more: a task environment's
+  build (`envs/swe/venv.py`) binds its venv read-write and, when pip needs an index, keeps the
+  host's network (`network=True`: bubblewrap cannot allow one host alone).
 - "rlimit" (fallback where user namespaces are unavailable): the plain command under the same
   rlimits and cgroups, with a one-time warning: it does NOT isolate the network or host files.
 
