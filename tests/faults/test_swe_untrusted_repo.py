@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from saorl.cli import main
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.swe.build_sandbox import checked_env
 from saorl.envs.swe.env import SweEnv
@@ -122,7 +123,7 @@ def test_environment_build_sees_no_secret_and_writes_only_its_venv(tmp_path: Pat
         assert not path.exists(), f"the build wrote {path}"
 
 
-def test_a_row_whose_repo_leaves_the_repos_root_is_refused(tmp_path: Path):
+def test_a_row_whose_repo_leaves_the_repos_root_is_refused(tmp_path: Path, capsys):
     root, private = tmp_path / "repos", tmp_path / "private"
     root.mkdir()
     c = commit(private, {"a.py": "x = 1\n"}, "secret project")
@@ -140,6 +141,9 @@ def test_a_row_whose_repo_leaves_the_repos_root_is_refused(tmp_path: Path):
         path.write_text(json.dumps(row) + "\n")
         with pytest.raises(ConfigError, match=r"line 1: repo .* is not a repository name"):
             load_swebench(path, root, tmp_path / "cache")
+    cache = f"env.swe_cache_dir={tmp_path / 'cache'}"
+    assert main(["swe-validate", str(path), "--repos-root", str(root), cache]) == 2
+    assert f"{path} line 1: repo {repo!r} is not a repository name" in capsys.readouterr().err
 
 
 def test_moving_names_are_refused_and_snapshots_are_per_repository(tmp_path: Path):
