@@ -6,8 +6,8 @@
 A repository is hostile input (`saorl swe-mine` on a checkout someone else made): its own
 `.git/config` can name commands that git runs on its own (`core.fsmonitor`, `diff.external`,
 `diff.<driver>.textconv`, `filter.<driver>.clean/smudge/process`, `core.sshCommand`,
-`core.pager`, `core.editor`, hooks, `uploadpack.packObjectsHook`, `core.gitProxy`). Every call
-goes through `git_argv`/`git_env`, which:
+`core.pager`, `core.editor`, hooks, `gpg.program` with `log.showSignature`, `core.gitProxy`).
+Every call goes through `git_argv`/`git_env`, which:
 - ignore the system and global config (`GIT_CONFIG_NOSYSTEM`, `GIT_CONFIG_GLOBAL=/dev/null`)
   and every `GIT_*` variable of the caller (a `GIT_DIR` or `GIT_EXTERNAL_DIFF` of theirs);
 - override, on the command line (which wins over the repository's config), each setting that
@@ -41,6 +41,12 @@ SAFE_CONFIG = (
     "diff.external=",
     "sequence.editor=false",
     "uploadpack.packObjectsHook=",
+    "log.showSignature=false",  # with gpg.program, a signed commit would run a command
+    "gpg.program=false",
+    "gpg.ssh.program=false",
+    "gpg.x509.program=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
     "protocol.allow=never",
     "protocol.file.allow=always",
     "safe.directory=*",  # another user's checkout is read, never trusted (see the above)
@@ -103,7 +109,7 @@ def git_argv(repo: Path | str | None, *args: str) -> list[str]:
     """`git` with the hardening options, in `repo` (`-C`), running `args`."""
     where = ["-C", str(repo)] if repo is not None else []
     drivers = _driver_overrides(Path(repo)) if repo is not None else []
-    return ["git", *_base(), *drivers, *where, *args]
+    return ["git", "--no-pager", *_base(), *drivers, *where, *args]
 
 
 def git(
