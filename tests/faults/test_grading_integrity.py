@@ -12,6 +12,8 @@ what the tested code can write.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import importlib.util
 import marshal
@@ -22,6 +24,7 @@ import pytest
 
 from saorl.envs.swe.grading import grade, run_tests
 from saorl.envs.swe.task import SweTask
+from saorl.envs.swe.validate import validate_task
 from saorl.envs.swe.workspace import tree_bytes, write_files
 
 pytestmark = pytest.mark.slow
@@ -210,6 +213,16 @@ def test_an_outcome_the_gold_run_showed_still_counts(task):
     t.gold_outcomes = {"tests/test_ops.py::test_spin": "xfailed"}
     result = _grade(t, {"calc/ops.py": FIXED})
     assert result.resolved and result.info()["pass_to_pass_passed"] == 2, result.info()
+    # validation records that outcome from the gold run
+    diff = difflib.unified_diff(
+        OPS.splitlines(True), FIXED.splitlines(True), "a/calc/ops.py", "b/calc/ops.py"
+    )
+    t = dataclasses.replace(
+        t, gold_outcomes={}, answer="diff --git a/calc/ops.py b/calc/ops.py\n" + "".join(diff)
+    )
+    verdict, _ = validate_task(t, test_timeout_s=5.0, parent=t.snapshot.parent / "grading")
+    assert verdict.status == "valid", verdict
+    assert verdict.outcomes == {"tests/test_ops.py::test_spin": "xfailed"}
 
 
 # Code under test that finds the runner's recorder in memory and reports every test passed.
