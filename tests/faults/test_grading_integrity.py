@@ -12,6 +12,8 @@ what the tested code can write.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import functools
 import importlib.util
 import marshal
@@ -22,6 +24,7 @@ import pytest
 
 from saorl.envs.swe.grading import grade, run_tests
 from saorl.envs.swe.task import SweTask
+from saorl.envs.swe.validate import validate_task
 from saorl.envs.swe.workspace import tree_bytes, write_files
 
 pytestmark = pytest.mark.slow
@@ -183,6 +186,61 @@ def test_attack_does_not_resolve(task, name):
 
 def test_forged_bytecode_does_not_resolve(task):
     _assert_not_cheated(_grade(task, forged_pyc("tests/test_ops.py")))
+
+
+# The bug stays; the buggy function marks its own test xfailed or skipped (issue 26).
+ESCAPES = {
+    "xfail": '    __import__("pytest").xfail("known bug")\n',
+    "skip": '    __import__("pytest").skip("not today")\n',
+}
+
+
+@pytest.mark.parametrize("name", list(ESCAPES))
+def test_an_xfail_or_skip_the_gold_run_did_not_show_is_a_failure(task, name):
+    code = OPS.replace("def add(a, b):\n", "def add(a, b):\n" + ESCAPES[name])
+    result = _grade(task, {"calc/ops.py": code})
+    assert not result.resolved, result.info()
+    assert result.fail_to_pass == {ADD: {"xfail": "xfailed", "skip": "skipped"}[name]}
+    assert result.info()["fail_to_pass_passed"] == 0
+
+
+def test_an_outcome_the_gold_run_showed_still_counts(task):
+    marked = TESTS.replace("def test_spin", "@__import__('pytest').mark.xfail\ndef test_spin")
+    marked = marked.replace("spin(3) == 3", "spin(3) == 4")
+    files = {"calc/__init__.py": "", "calc/ops.py": OPS, "tests/test_ops.py": marked}
+    t = make_task(task.snapshot.parent, files, name="snap-xfail")
+    assert not _grade(t, {"calc/ops.py": FIXED}).resolved  # no gold outcome known: strict
+    t.gold_outcomes = {"tests/test_ops.py::test_spin": "xfailed"}
+    result = _grade(t, {"calc/ops.py": FIXED})
+    assert result.resolved and result.info()["pass_to_pass_passed"] == 2, result.info()
+    # validation records that outcome from the gold run
+    diff = difflib.unified_diff(
+        OPS.splitlines(True), FIXED.splitlines(True), "a/calc/ops.py", "b/calc/ops.py"
+    )
+    t = dataclasses.replace(
+        t, gold_outcomes={}, answer="diff --git a/calc/ops.py b/calc/ops.py\n" + "".join(diff)
+    )
+    verdict, _ = validate_task(t, test_timeout_s=5.0, parent=t.snapshot.parent / "grading")
+    assert verdict.status == "valid", verdict
+    assert verdict.outcomes == {"tests/test_ops.py::test_spin": "xfailed"}
+
+
+# Code under test that finds the runner's recorder in memory and reports every test passed.
+RECORDER_PATCH = """
+import gc
+for _obj in gc.get_objects():
+    if type(_obj).__name__ == "Recorder" and hasattr(_obj, "_write"):
+        _orig = _obj._write
+        _obj._write = lambda nodeid, status, message, _w=_orig: _w(nodeid, "passed", "")
+"""
+
+
+def test_a_patched_recorder_is_caught_by_the_canaries(task):
+    result = _grade(task, {"calc/__init__.py": RECORDER_PATCH})
+    assert not result.resolved, result.info()
+    assert result.fail_to_pass == {ADD: "passed"}  # the lie went through...
+    assert "canary tests" in result.error and "misreported" in result.error  # ...and was seen
+    assert set(result.info()["tests"]) == {ADD, *P2P}  # canaries are not task tests
 
 
 @pytest.mark.parametrize("entry", ["evil", "timeout"])  # "timeout": an installed plugin's name

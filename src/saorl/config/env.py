@@ -167,8 +167,9 @@ class EnvConfig(_Section):
     )
     swe_cache_dir: str = Field(
         "",
-        description="env 'swe': directory for repository snapshots and episode copies; '' = "
-        "<system temp>/saorl-swe-<uid>",
+        description="env 'swe': directory for repository snapshots, environments and episode "
+        "copies (must be yours, not group/world-writable); '' = $XDG_CACHE_HOME/saorl/swe, "
+        "else ~/.cache/saorl/swe",
     )
     swe_command_timeout_s: float = Field(
         10.0, gt=0, description="env 'swe': wall-clock seconds per bash or file-tool call"

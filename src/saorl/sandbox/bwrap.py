@@ -18,6 +18,17 @@ SANDBOX_WORKDIR = "/sandbox"
 SANDBOX_UID = 65534  # "nobody"; maps back to the caller's uid outside
 ETC_FILES = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d", "/etc/localtime")
 ETC_FILES += ("/etc/alternatives",)  # /usr/bin links point through it on Debian
+# What name resolution and TLS need, for a call given the network (a package index).
+NET_FILES = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/pki",
+)
 TOP_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
 
@@ -82,18 +93,24 @@ def bwrap_argv(
     file_fds: dict[str, int],
     ro_binds: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    rw_binds: Sequence[str] = (),
+    network: bool = False,
+    cwd: str | None = None,
 ) -> list[str]:
-    """The full command: `bwrap <isolation> -- argv`, run in /sandbox.
+    """The full command: `bwrap <isolation> -- argv`, run in /sandbox (or `cwd`).
 
     /sandbox is `host_dir` bound read-write, or without one a tmpfs holding `file_fds` (name ->
     fd to copy from). `version` gates flags older bwraps lack; `tmpfs_bytes` sizes every tmpfs,
     which could otherwise fill host RAM where no memory cgroup charges them. `ro_binds` are host
-    directories bound read-only at their own paths (a task's virtual environment); `env`
-    overrides or adds variables of `sandbox_env`.
+    directories bound read-only at their own paths (a task's virtual environment), `rw_binds`
+    read-write (the environment being built); `env` overrides or adds variables of
+    `sandbox_env`. `network` keeps the host's network (bwrap cannot allow one host alone) with
+    the files name resolution and TLS need; without it only a private loopback exists.
     """
     uid = str(SANDBOX_UID)
     args = [bwrap, "--unshare-user", "--uid", uid, "--gid", uid, "--unshare-pid"]
-    args += ["--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
+    args += [] if network else ["--unshare-net"]
+    args += ["--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
     args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox"]
     if version >= (0, 8):
         args.append("--disable-userns")  # no nested user namespaces: less kernel attack surface
@@ -106,7 +123,7 @@ def bwrap_argv(
             args += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             args += ["--ro-bind", top, top]
-    for path in ETC_FILES:
+    for path in ETC_FILES + (NET_FILES if network else ()):
         args += ["--ro-bind-try", path, path]
     args += ["--proc", "/proc", "--dev", "/dev"]
     size = ["--size", str(tmpfs_bytes)] if version >= (0, 10) else []
@@ -117,12 +134,14 @@ def bwrap_argv(
         args += ["--ro-bind", src, dest]
     for path in ro_binds:
         args += ["--ro-bind", path, path]
+    for path in rw_binds:
+        args += ["--bind", path, path]
     if host_dir is not None:
         args += ["--bind", str(host_dir), SANDBOX_WORKDIR]
     else:
         args += [*size, "--tmpfs", SANDBOX_WORKDIR]
         for name, fd in file_fds.items():
             args += ["--file", str(fd), f"{SANDBOX_WORKDIR}/{name}"]
-    args += ["--chdir", SANDBOX_WORKDIR]
+    args += ["--chdir", cwd or SANDBOX_WORKDIR]
     args += ["--remount-ro", "/", "--", *argv]
     return args

@@ -169,10 +169,14 @@ def execute(
     files: dict[str, bytes] | None = None,
     ro_binds: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    rw_binds: tuple[str, ...] = (),
+    network: bool = False,
+    cwd: str | None = None,
 ) -> ExecResult:
     """Start, pump, kill and classify one sandboxed process tree (the slot is already held).
 
-    `ro_binds` and `env` are `bwrap_argv`'s (the fallback sees every host path anyway).
+    `ro_binds`, `env`, `rw_binds`, `network` and `cwd` are `bwrap_argv`'s (the fallback sees
+    every host path and the network anyway; it runs in `cwd` when given).
 
     Cleanup runs in reverse order of setup whatever happens (timeouts, KeyboardInterrupt):
     kill the tree, reap bwrap, remove the cgroups, close the memfds.
@@ -185,13 +189,24 @@ def execute(
         if backend == "bwrap":
             assert probe.bwrap is not None
             size = limits.file_size_bytes
-            cmd = bwrap_argv(probe.bwrap, probe.bwrap_version, argv, host_dir, size, fds,
-                             ro_binds, env)  # fmt: skip
+            cmd = bwrap_argv(
+                probe.bwrap,
+                probe.bwrap_version,
+                argv,
+                host_dir,
+                size,
+                fds,
+                ro_binds,
+                env,
+                rw_binds,
+                network,
+                cwd,
+            )
             cwd, env = None, {}
         else:
             assert host_dir is not None, "the fallback needs a host work dir"
             env = {**sandbox_env(str(host_dir), str(host_dir)), **(env or {})}
-            cmd, cwd = argv, str(host_dir)
+            cmd, cwd = argv, cwd or str(host_dir)
         cgroups = None
         if probe.cgroups.parents:
             try:

@@ -7,7 +7,9 @@ Backends, chosen once per process (see `sandbox_info()`):
   files and the interpreter's prefix and venv; a private /proc, a minimal /dev, sized tmpfs at
   /tmp and /dev/shm, and the cwd `/sandbox`: a sized tmpfs, or the caller's `workdir` bound
   read-write. The wall-clock kill takes the whole tree down with bwrap's pid namespace, which
-  the kernel empties when its init dies.
+  the kernel empties when its init dies. One caller alone asks for more: a task environment's
+  build (`envs/swe/venv.py`) binds its venv read-write and, when pip needs an index, keeps the
+  host's network (`network=True`: bubblewrap cannot allow one host alone).
 - "rlimit" (fallback where user namespaces are unavailable): the plain command under the same
   rlimits and cgroups, with a one-time warning: it does NOT isolate the network or host files.
 
@@ -126,20 +128,30 @@ def run(
     backend: Backend = "auto",
     ro_binds: Sequence[str | Path] = (),
     env: dict[str, str] | None = None,
+    rw_binds: Sequence[str | Path] = (),
+    network: bool = False,
+    cwd: str | Path | None = None,
 ) -> ExecResult:
     """Run `argv` (resolved on the sandbox's PATH: the venv's bin, then /usr/bin) contained.
 
     `workdir` is bound read-write at /sandbox (the cwd) and kept. Without it /sandbox is a fresh
     tmpfs of `Limits.file_size_bytes` under bwrap (a temporary host dir under the fallback),
     gone after the call. `ro_binds` are host directories made visible read-only at their own
-    paths (a coding task's virtual environment); `env` sets variables over the sandbox's own
-    (PATH included). Raises SandboxError only when the sandbox itself fails; an `argv` no
+    paths (a coding task's virtual environment), `rw_binds` read-write (a task environment
+    being built); `env` sets variables over the sandbox's own (PATH included); `network` keeps
+    the host's network (a package index; default: none); `cwd` is a bound path to start in
+    instead of /sandbox. Raises SandboxError only when the sandbox itself fails; an `argv` no
     process can be given (a NUL byte, past the kernel's length limit) is an "error" result.
     """
     if not argv:
         raise ValueError("argv must name a command")
     binds = tuple(str(Path(p).resolve()) for p in ro_binds)
-    return _call(list(argv), workdir, limits or Limits(), stdin, backend, {}, binds, env)
+    extra = {
+        "rw_binds": tuple(str(Path(p).resolve()) for p in rw_binds),
+        "network": network,
+        "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
+    }
+    return _call(list(argv), workdir, limits or Limits(), stdin, backend, {}, binds, env, extra)
 
 
 def run_python(
@@ -163,8 +175,10 @@ def _call(
     files: dict[str, bytes],
     ro_binds: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    extra: dict | None = None,
 ) -> ExecResult:
-    """One bounded-concurrency call; `files` are put in a fresh /sandbox before the start.
+    """One bounded-concurrency call; `files` are put in a fresh /sandbox before the start;
+    `extra` holds `execute`'s `rw_binds`, `network` and `cwd`.
 
     Under bwrap a call without `workdir` never touches the host's disk: /sandbox is a sized
     tmpfs, charged to the call's memory cgroup, that vanishes with its mount namespace, and
@@ -180,11 +194,24 @@ def _call(
         return exec_result("error", 127, f"cannot execute: {problem}", out, err, 0.0, False, chosen)
     with _slot():
         if workdir is None and chosen == "bwrap":
-            return execute(argv, None, limits, stdin, chosen, _probe(), files, ro_binds, env)
+            return execute(
+                argv, None, limits, stdin, chosen, _probe(), files, ro_binds, env, **(extra or {})
+            )
         with _work_dir(workdir) as host_dir:
             for name, data in files.items():
                 (host_dir / name).write_bytes(data)
-            return execute(argv, host_dir, limits, stdin, chosen, _probe(), None, ro_binds, env)
+            return execute(
+                argv,
+                host_dir,
+                limits,
+                stdin,
+                chosen,
+                _probe(),
+                None,
+                ro_binds,
+                env,
+                **(extra or {}),
+            )
 
 
 async def arun(

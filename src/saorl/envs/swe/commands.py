@@ -107,9 +107,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _cache_dir(cfg: Any) -> Path:
-    from saorl.envs.swe.workspace import default_cache_dir
+    from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
 
-    return Path(cfg.swe_cache_dir) if cfg.swe_cache_dir else default_cache_dir()
+    try:
+        return swe_cache_dir(cfg.swe_cache_dir)
+    except UnsafeCacheDir as e:
+        raise ConfigError(f"env.swe_cache_dir: {e}") from None
 
 
 def _mine(args: argparse.Namespace, cfg: Any) -> int:

@@ -14,8 +14,9 @@ A grade builds a fresh copy of the task's snapshot on the host, then:
 4. packs the copy into a tar and deletes it; `pytest_runner.py` unpacks it inside the sandbox
    into a tmpfs sized to the repository plus `disk_bytes`, and runs the wanted ids with a
    per-test alarm and an outer wall-clock limit. A test that never reports is "timeout" when the
-   run hit that limit, else "missing". A test counts as passing when its status is "passed" or
-   "xfailed" (as in SWE-bench).
+   run hit that limit, else "missing". A test counts as passing when its status is "passed",
+   or the xfail, xpass or skip its gold run also showed (`outcomes.py`); canary tests whose
+   outcomes only the grader knows run beside the task's, and a run that misreports one gets 0.
 
 What this defends (tests/faults/test_grading_integrity.py tries each):
 - Deleting, editing or shadowing a task's test, or adding/editing a `conftest.py` anywhere: the
@@ -46,7 +47,8 @@ What it does not defend:
   can monkeypatch pytest or the runner (rewrite reports, disarm the alarm), or read the nonce
   from the runner's memory (in-process, or through /proc from a process it starts) and emit
   records of its own. No check inside the process that runs the code can rule that out;
-  SWE-bench's harness has the same limit.
+  SWE-bench's harness has the same limit. The canaries (`outcomes.py`) catch tampering that
+  rewrites reports wholesale (every test passed), not one aimed at the task's own test ids.
 - The task's own config file and conftests are trusted as the snapshot and `test_patch` leave
   them.
 - Under the sandbox's "rlimit" fallback (no bubblewrap) nothing is isolated: the tmpfs is a
@@ -62,7 +64,6 @@ import io
 import json
 import os
 import secrets
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -71,6 +72,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from saorl.envs.swe.git import git
+from saorl.envs.swe.outcomes import PASSING, add_canaries, check_canaries, counts_as_passing
 from saorl.envs.swe.task import TaskEnv
 from saorl.envs.swe.workspace import (
     SKIP_DIRS,
@@ -78,12 +81,12 @@ from saorl.envs.swe.workspace import (
     Changes,
     apply_changes,
     copy_tree,
+    parents_are_dirs,
     remove_tree,
     safe_relpath,
 )
 from saorl.sandbox import ExecResult, Limits, middle_truncate, run
 
-PASSING = ("passed", "xfailed")
 INFRASTRUCTURE = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 # Where pytest looks for its config, in its order (pytest's own list is used when it has one).
 CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
@@ -102,6 +105,7 @@ class TestRun:
     messages: dict[str, str]
     exec_status: str  # the sandbox's status of the whole run ("ok", "error", "timeout", ...)
     log: str  # pytest's own output, middle-truncated
+    tampered: str = ""  # why the run's reports are not trusted (a canary misreported), or ''
 
     def passed(self, test_id: str) -> bool:
         return self.statuses.get(test_id) in PASSING
@@ -115,6 +119,10 @@ class GradeResult:
     messages: dict[str, str] = field(default_factory=dict)  # id -> failure message
     error: str = ""  # why nothing could be graded (a patch that does not apply, ...)
     log: str = ""
+    gold: dict[str, str] = field(default_factory=dict)  # tolerated gold outcomes (TOLERATED)
+
+    def passing(self, statuses: dict[str, str]) -> int:
+        return sum(counts_as_passing(s, self.gold.get(t)) for t, s in statuses.items())
 
     def info(self) -> dict[str, Any]:
         """The flat record that goes into the trajectory's info."""
@@ -122,9 +130,9 @@ class GradeResult:
         p2p = self.pass_to_pass
         return {
             "resolved": self.resolved,
-            "fail_to_pass_passed": sum(s in PASSING for s in f2p.values()),
+            "fail_to_pass_passed": self.passing(f2p),
             "fail_to_pass_total": len(f2p),
-            "pass_to_pass_passed": sum(s in PASSING for s in p2p.values()),
+            "pass_to_pass_passed": self.passing(p2p),
             "pass_to_pass_total": len(p2p),
             "tests": {**f2p, **p2p},
             "test_messages": {k: v for k, v in self.messages.items() if v},
@@ -178,6 +186,8 @@ def pytest_config_file(root: Path, test_ids: Iterable[str]) -> list[str]:
     real_root = root.resolve()
     for depth in range(len(common), -1, -1):
         base = root.joinpath(*common[:depth])
+        if depth and not parents_are_dirs(root, "/".join([*common[:depth], "x"])):
+            continue  # a directory link (`up -> ../..`): never read host files through it
         for name in names:
             path = base / name
             if not path.is_file():
@@ -225,12 +235,14 @@ def apply_patch(root: Path, patch: str) -> str:
     with tempfile.NamedTemporaryFile("w", suffix=".diff", delete=False) as f:
         f.write(patch if patch.endswith("\n") else patch + "\n")
     try:
-        proc = subprocess.run(
-            ["git", "apply", "--whitespace=nowarn", f.name],
+        proc = git(
+            None,
+            "apply",
+            "--whitespace=nowarn",
+            f.name,
             cwd=root,
             # never find a repository above the copy: the patch applies to the copy alone
-            env={**os.environ, "GIT_CEILING_DIRECTORIES": str(root.parent)},
-            capture_output=True,
+            env={"GIT_CEILING_DIRECTORIES": str(root.parent)},
             text=True,
             timeout=120,
         )
@@ -354,13 +366,19 @@ class Prepared:
     work: Path  # the host copy, to be removed by the caller
     error: str  # why it cannot be graded, or ''
     config: str | None  # the pytest config file in it, if any
+    canaries: dict[str, str] = field(default_factory=dict)  # test id -> the status it must get
 
 
 def prepare(
-    task: Any, changes: Changes, parent: Path | None = None, ids: Sequence[str] | None = None
+    task: Any,
+    changes: Changes,
+    parent: Path | None = None,
+    ids: Sequence[str] | None = None,
+    canaries: bool = False,
 ) -> Prepared:
     """A fresh copy of the snapshot with the test patch and the agent's gradable changes; the
-    config file is the one pytest would pick for `ids` (default: the task's) before them."""
+    config file is the one pytest would pick for `ids` (default: the task's) before them;
+    with `canaries`, canary tests beside the first FAIL_TO_PASS test (`add_canaries`)."""
     work = copy_tree(task.base_dir(), parent, prefix="saorl-swe-grade-")
     error = apply_patch(work, task.test_patch)
     if error:
@@ -368,7 +386,8 @@ def prepare(
     ids = [*task.fail_to_pass, *task.pass_to_pass] if ids is None else list(ids)
     config = pytest_config_file(work, ids)
     apply_changes(work, gradable(changes, (*task.protected, *config)))
-    return Prepared(work, "", config[0] if config else None)
+    planted = add_canaries(work, list(task.fail_to_pass)) if canaries else {}
+    return Prepared(work, "", config[0] if config else None, planted)
 
 
 def run_task_tests(
@@ -381,10 +400,13 @@ def run_task_tests(
     wall_s: float = 300.0,
     parent: Path | None = None,
     disk_bytes: int = GRADE_DISK_BYTES,
+    canaries: bool = False,
 ) -> TestRun | str:
     """Run `ids` (with `collect_all`: every test of those files) on the task's snapshot with
-    its test patch and `changes`, as grading does; a str is why nothing could run."""
-    prepared = prepare(task, changes, parent, ids)
+    its test patch and `changes`, as grading does; a str is why nothing could run. With
+    `canaries`, canary tests run too: their statuses are left out of the result, and one that
+    is not what it must be sets `tampered`."""
+    prepared = prepare(task, changes, parent, ids, canaries)
     try:
         if prepared.error:
             return prepared.error
@@ -396,9 +418,23 @@ def run_task_tests(
         plugins: Sequence[str] = env.plugins
     else:
         plugins = installed_plugins() if task.plugin_autoload else ()
-    return run_packed(packed, ids, test_timeout_s=test_timeout_s, wall_s=wall_s, plugins=plugins,
-                      config=prepared.config, disk_bytes=disk_bytes, env=env,
-                      collect_all=collect_all)  # fmt: skip
+    planted = prepared.canaries
+    run = run_packed(
+        packed,
+        [*ids, *planted],
+        test_timeout_s=test_timeout_s,
+        wall_s=wall_s,
+        plugins=plugins,
+        config=prepared.config,
+        disk_bytes=disk_bytes,
+        env=env,
+        collect_all=collect_all,
+    )
+    statuses = {t: s for t, s in run.statuses.items() if t not in planted}
+    messages = {t: m for t, m in run.messages.items() if t not in planted}
+    return dataclasses.replace(
+        run, statuses=statuses, messages=messages, tampered=check_canaries(planted, run.statuses)
+    )
 
 
 def grade(
@@ -412,13 +448,25 @@ def grade(
 ) -> GradeResult:
     """Grade `changes` against `task` (a `SweTask`); see the module docstring."""
     f2p, p2p = list(task.fail_to_pass), list(task.pass_to_pass)
-    runs = run_task_tests(task, changes, f2p + p2p, test_timeout_s=test_timeout_s,
-                          wall_s=wall_s, parent=parent, disk_bytes=disk_bytes)  # fmt: skip
+    runs = run_task_tests(
+        task,
+        changes,
+        f2p + p2p,
+        test_timeout_s=test_timeout_s,
+        wall_s=wall_s,
+        parent=parent,
+        disk_bytes=disk_bytes,
+        canaries=True,
+    )
     if isinstance(runs, str):
         return GradeResult(False, dict.fromkeys(f2p, "missing"), dict.fromkeys(p2p, "missing"),
                            error=runs)  # fmt: skip
     f2p_status = {t: runs.statuses[t] for t in f2p}
     p2p_status = {t: runs.statuses[t] for t in p2p}
-    resolved = bool(f2p) and all(runs.passed(t) for t in f2p + p2p)
-    failing = {t: runs.messages.get(t, "") for t in f2p + p2p if not runs.passed(t)}
-    return GradeResult(resolved, f2p_status, p2p_status, failing, log=runs.log)
+    gold = getattr(task, "gold_outcomes", None) or {}
+    ok = {t: counts_as_passing(runs.statuses[t], gold.get(t)) for t in f2p + p2p}
+    resolved = bool(f2p) and all(ok.values()) and not runs.tampered
+    failing = {t: runs.messages.get(t, "") for t in f2p + p2p if not ok[t]}
+    return GradeResult(
+        resolved, f2p_status, p2p_status, failing, error=runs.tampered, log=runs.log, gold=gold
+    )

@@ -14,7 +14,7 @@ unit SWE-bench mines. For each candidate C with first parent P:
 - every test of the test files C adds or modifies runs twice in that environment, in the
   sandbox, as grading runs: on P with `test_patch` ("before") and with `patch` too ("after");
   FAIL_TO_PASS = the tests that pass after and not before (failing, erroring or absent then),
-  PASS_TO_PASS = those that pass both times;
+  PASS_TO_PASS = those that pass both times ("pass": the outcome `passed`, not xfail or skip);
 - the row is then validated (`validate.py`: the gold patch resolves it, an empty patch does
   not) and only then appended to `out`.
 The problem statement is C's commit message, and for a merge the messages of the commits it
@@ -33,7 +33,6 @@ import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -43,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.swe.grading import PASSING, TestRun, run_task_tests
-from saorl.envs.swe.swebench import changes_from_patch, task_from_row
+from saorl.envs.swe.git import git, git_text
+from saorl.envs.swe.grading import TestRun, run_task_tests
+from saorl.envs.swe.swebench import changes_from_patch, check_repo_name, task_from_row
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.validate import code_hash, store_verdict, validate_task
 from saorl.envs.swe.venv import INPUTS, EnvBuildError, ensure_env
@@ -90,11 +90,7 @@ def is_test_module(path: str) -> bool:
 
 
 def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {' '.join(args[:3])} failed in {repo}: {proc.stderr.strip()}")
-    return proc.stdout
+    return git_text(repo, *args)  # hardened: the repository's own config runs nothing (git.py)
 
 
 def commits(opts: MineOptions) -> list[str]:
@@ -128,14 +124,22 @@ def split_changes(repo: Path, commit: str) -> tuple[list[str], list[str]] | None
     return code, tests
 
 
-def _key(opts_repo: str, commit: str, cfg: EnvConfig) -> str:
-    settings = [code_hash(), cfg.swe_pip_args, cfg.swe_test_timeout_s, cfg.swe_task_envs]
+def _key(opts_repo: str, commit: str, cfg: EnvConfig, checkout: Path) -> str:
+    settings = [
+        code_hash(),
+        cfg.swe_pip_args,
+        cfg.swe_test_timeout_s,
+        cfg.swe_task_envs,
+        str(checkout.resolve()),
+    ]  # two checkouts of one name are two repositories
     digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', opts_repo)}-{commit[:12]}-{digest}"
 
 
 def _passing(run: TestRun) -> set[str]:
-    return {t for t, s in run.statuses.items() if s in PASSING and "::" in t}
+    # strictly "passed": an xfail or skip shows nothing about the fix (grading counts it only
+    # with the outcome the gold patch gives it)
+    return {t for t, s in run.statuses.items() if s == "passed" and "::" in t}
 
 
 def mine_commit(opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig,
@@ -146,7 +150,17 @@ def mine_commit(opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig,
         return Outcome(commit, None, NOT_A_CANDIDATE, remember=False)  # cheap to tell again
     code, tests = split
     parent = _git(opts.checkout, "rev-parse", f"{commit}^1").strip()
-    diff = ["diff", "--binary", "--no-renames", "--full-index", parent, commit, "--"]
+    diff = [
+        "diff",
+        "--no-ext-diff",
+        "--no-textconv",
+        "--binary",
+        "--no-renames",
+        "--full-index",
+        parent,
+        commit,
+        "--",
+    ]
     env_commit = _git(opts.checkout, "rev-list", "-n", "1", parent, "--", *INPUTS).strip()
     row = {
         "instance_id": f"{repo_name.replace('/', '__')}-{commit[:12]}",
@@ -224,9 +238,16 @@ def _statement(repo: Path, commit: str, parent: str, max_chars: int = 8000) -> s
 
 
 def _exists(repo: Path, commit: str, path: str) -> bool:
-    proc = subprocess.run(["git", "-C", str(repo), "cat-file", "-e", f"{commit}:{path}"],
-                          capture_output=True, timeout=60)  # fmt: skip
-    return proc.returncode == 0
+    return git(repo, "cat-file", "-e", f"{commit}:{path}", timeout=60).returncode == 0
+
+
+def _remembered(path: Path) -> str | None:
+    """A cached rejection's reason, if the file holds one (anything else is ignored)."""
+    try:
+        reason = json.loads(path.read_text())["reason"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return reason if isinstance(reason, str) else None
 
 
 def existing_ids(out: Path) -> set[str]:
@@ -258,6 +279,7 @@ def mine(opts: MineOptions, cfg: EnvConfig, cache_dir: Path,
         raise ConfigError(f"swe-mine: {opts.checkout} is not a git checkout")
     log = log or (lambda text: print(text, file=sys.stderr))
     repo_name = opts.repo or opts.checkout.resolve().name
+    check_repo_name(repo_name, "swe-mine: --repo")  # the rows' repo must name a checkout
     done = existing_ids(opts.out)
     every = commits(opts)
     todo = [c for c in every if f"{repo_name.replace('/', '__')}-{c[:12]}" not in done]
@@ -269,9 +291,9 @@ def mine(opts: MineOptions, cfg: EnvConfig, cache_dir: Path,
     lock = threading.Lock()
 
     def one(commit: str) -> Outcome:
-        path = memo / f"{_key(repo_name, commit, cfg)}.json"
-        if path.is_file():
-            return Outcome(commit, None, json.loads(path.read_text())["reason"], remember=False)
+        path = memo / f"{_key(repo_name, commit, cfg, opts.checkout)}.json"
+        if (reason := _remembered(path)) is not None:
+            return Outcome(commit, None, reason, remember=False)
         try:
             outcome = mine_commit(opts, repo_name, commit, cfg, cache_dir)
         except Exception as e:  # a failing git or sandbox call costs this commit, not the run

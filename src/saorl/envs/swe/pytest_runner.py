@@ -6,7 +6,8 @@ repository, extracted into the cwd (a sized tmpfs). Collects the files the ids l
 only the wanted items (every item of those files with `all`, task mining), runs them with a
 per-test alarm of `timeout_s`, and reports each finished test as it goes (a run killed by the
 outer wall-clock limit still reports every test that finished) as one stdout line
-`NONCE {"id": ..., "status": "passed|failed|error|skipped|xfailed|timeout", "message": ...}`;
+`NONCE {"id": ..., "status": "passed|failed|error|skipped|xfailed|xpassed|timeout",
+"message": ...}`;
 with `all`, a file that fails to collect is reported under its path. Everything else the
 process prints goes to stderr. `paths` are the repository's import roots (relative: `src`,
 `.`), which a per-task environment's editable install would have put on `sys.path`.
@@ -143,6 +144,8 @@ def make_recorder(
             elif report.skipped and rec["status"] == "passed":
                 rec["status"] = "xfailed" if hasattr(report, "wasxfail") else "skipped"
                 rec["message"] = _message(report)
+            elif report.passed and hasattr(report, "wasxfail") and rec["status"] == "passed":
+                rec["status"] = "xpassed"  # an xfail-marked test that passed (not strict)
 
         def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
             rec = self.phases.get(nodeid, {"status": "error", "message": "no report"})

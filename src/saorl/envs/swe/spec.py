@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import threading
-from pathlib import Path
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.base import EnvSpec, Segments
@@ -14,7 +13,7 @@ from saorl.envs.swe.grading import check_pytest
 from saorl.envs.swe.sandbox_tools import replace_once
 from saorl.envs.swe.task import SweTask, TaskPool
 from saorl.envs.swe.tools import CODE_TAG, ToolRunner, instructions
-from saorl.envs.swe.workspace import default_cache_dir
+from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
 from saorl.rollout.tools import ToolFormat, stop_strings
 
 
@@ -52,7 +51,10 @@ class GoldDemo:
 
 
 def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
-    cache = Path(cfg.swe_cache_dir) if cfg.swe_cache_dir else default_cache_dir()
+    try:
+        cache = swe_cache_dir(cfg.swe_cache_dir)
+    except UnsafeCacheDir as e:
+        raise ConfigError(f"env.swe_cache_dir: {e}") from None
     if cfg.swe_source == "generated":
         from saorl.envs.swe.gen.generator import generate_pool
 

@@ -32,10 +32,15 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError
+from saorl.envs.swe.git import git, git_popen
 from saorl.envs.swe.task import EnvSource, SweTask
 
 REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS",
             "PASS_TO_PASS", "test_patch")  # fmt: skip
+
+
+REPO_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")
+COMMIT_ID = re.compile(r"[0-9a-fA-F]{7,64}")
 
 
 def repo_candidates(root: Path, repo: str) -> list[Path]:
@@ -44,8 +49,19 @@ def repo_candidates(root: Path, repo: str) -> list[Path]:
     return paths or [root / repo]
 
 
+def check_repo_name(repo: str, where: str) -> None:
+    """A row's `repo` names a checkout *under* the repos root: `name` or `owner/name`, never
+    `..`, an absolute path or an empty part (`x//abs/path`); else a ConfigError naming the row."""
+    if not REPO_NAME.fullmatch(repo) or ".." in repo.split("/") or "/." in f"/{repo}":
+        raise ConfigError(
+            f"{where}: repo {repo!r} is not a repository name ('name' or 'owner/name' of "
+            "letters, digits, '_', '-', '.'); it must name a checkout under env.swe_repos_root"
+        )
+
+
 def find_repo(root: Path, repo: str, where: str) -> Path:
     """The checkout of `repo` under `root`, or a ConfigError naming every path tried."""
+    check_repo_name(repo, where)
     tried = repo_candidates(root, repo)
     for path in tried:
         if (path / ".git").exists():
@@ -59,7 +75,7 @@ def find_repo(root: Path, repo: str, where: str) -> Path:
 
 
 def _git(repo: Path, *args: str, **kw: Any) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, timeout=600, **kw)
+    return git(repo, *args, **kw)  # hardened: the repository's own config runs nothing
 
 
 def _ids(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -82,8 +98,9 @@ def patch_paths(patch: str) -> list[str]:
 
 
 def _archive(repo: Path, commit: str, dest: Path) -> None:
-    proc = subprocess.Popen(["git", "-C", str(repo), "archive", "--format=tar", commit],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    proc = git_popen(
+        repo, "archive", "--format=tar", commit, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     assert proc.stdout is not None
     try:
         with tarfile.open(fileobj=proc.stdout, mode="r|") as tar:
@@ -125,27 +142,23 @@ def load_swebench(path: str | Path, repos_root: str | Path, cache_dir: Path) -> 
 
 def task_from_row(row: dict[str, Any], repo: Path, cache_dir: Path, where: str) -> SweTask:
     """The task of one SWE-bench row whose repository is the checkout `repo`."""
-    commit = str(row["base_commit"])
-    env_commit = str(row.get("environment_setup_commit") or commit)
-    for key, value in (("base_commit", commit), ("environment_setup_commit", env_commit)):
-        if _git(repo, "cat-file", "-e", f"{value}^{{commit}}").returncode != 0:
-            raise ConfigError(
-                f"{where}: {key} {value} is not in {repo}; fetch it (git -C {repo} "
-                "fetch --all) or use a full clone"
-            )
+    commit = resolve_commit(repo, "base_commit", str(row["base_commit"]), where)
+    env_raw = str(row.get("environment_setup_commit") or commit)
+    env_commit = resolve_commit(repo, "environment_setup_commit", env_raw, where)
     f2p = _ids(row["FAIL_TO_PASS"], "FAIL_TO_PASS", where)
     p2p = _ids(row["PASS_TO_PASS"], "PASS_TO_PASS", where)
     test_patch = str(row["test_patch"])
     named = sorted({t.split("::")[0] for t in f2p + p2p})
     protected = tuple(dict.fromkeys([*patch_paths(test_patch), *named]))
     instance = str(row["instance_id"])
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", instance)
+    # the snapshot's key names the repository and the full commit id (never a moving name)
+    safe = "-".join(re.sub(r"[^A-Za-z0-9_.-]", "_", x)[:80] for x in (instance, str(row["repo"])))
     return SweTask(
         key=instance,
         prompt=str(row["problem_statement"]),
         fail_to_pass=f2p,
         pass_to_pass=p2p,
-        snapshot=cache_dir / "swebench" / f"{safe}-{commit[:12]}",
+        snapshot=cache_dir / "swebench" / f"{safe}-{commit}",
         fill=functools.partial(_archive, repo, commit),  # picklable: checkpoints
         answer=str(row.get("patch") or ""),
         test_patch=test_patch,
@@ -153,6 +166,23 @@ def task_from_row(row: dict[str, Any], repo: Path, cache_dir: Path, where: str) 
         plugin_autoload=True,
         source=EnvSource(str(row["repo"]), str(repo.resolve()), env_commit),
     )
+
+
+def resolve_commit(repo: Path, key: str, value: str, where: str) -> str:
+    """The full id of the commit `value` (a hex id, full or abbreviated) names in `repo`; a
+    branch, tag or `HEAD` is refused: the task would change with the checkout."""
+    if not COMMIT_ID.fullmatch(value):
+        raise ConfigError(
+            f"{where}: {key} {value!r} is not a commit id (hex); a moving name "
+            "such as HEAD or a branch is not accepted"
+        )
+    proc = _git(repo, "rev-parse", "--verify", "--quiet", f"{value}^{{commit}}", text=True)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise ConfigError(
+            f"{where}: {key} {value} is not in {repo}; fetch it (git -C {repo} "
+            "fetch --all) or use a full clone"
+        )
+    return proc.stdout.strip()
 
 
 def changes_from_patch(task: SweTask, patch: str) -> dict[str, bytes | None]:

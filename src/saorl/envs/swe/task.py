@@ -72,6 +72,8 @@ class SweTask:
     edit: tuple[str, str, str] | None = field(default=None, repr=False)
     source: EnvSource | None = None  # where a per-task environment is built from (SWE-bench)
     env: TaskEnv | None = None  # the built environment; None: saorl's own interpreter
+    # test id -> the xfail/xpass/skip its gold run showed (validation): only that one counts
+    gold_outcomes: dict[str, str] = field(default_factory=dict, repr=False)
 
     def base_dir(self) -> Path:
         """The snapshot directory, materialized on first use (read it, never write it)."""

@@ -19,6 +19,7 @@ missing result (a loaded machine) is not cached, nor is an environment that fail
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -29,12 +30,13 @@ import shlex
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.swe.grading import GradeResult, grade
+from saorl.envs.swe.outcomes import CUT_SHORT, TOLERATED, counts_as_passing
 from saorl.envs.swe.swebench import changes_from_patch
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.venv import attach_envs
@@ -50,14 +52,48 @@ class Validation:
     reason: str
     seconds: float
     cached: bool = False
+    outcomes: dict[str, str] = field(default_factory=dict)  # gold's xfail/xpass/skip by test id
+
+
+STATUSES = ("valid", "invalid", "env_error")
+
+
+def read_verdict(path: Path, key: str) -> Validation | None:
+    """The cached verdict at `path` if it is one `store_verdict` wrote for task `key` (a cache
+    is data: anything else, a forged or truncated file, is ignored and the task checked again)."""
+    try:
+        data = json.loads(path.read_text())
+        v = Validation(**{**data, "cached": True})
+    except (OSError, ValueError, TypeError):
+        return None
+    ok = (
+        v.key == key
+        and v.status in STATUSES
+        and isinstance(v.reason, str)
+        and isinstance(v.seconds, (int, float))
+        and isinstance(v.outcomes, dict)
+        and all(isinstance(t, str) and s in TOLERATED for t, s in v.outcomes.items())
+    )
+    return v if ok else None
 
 
 @functools.cache
 def code_hash() -> str:
     here = Path(__file__).parent
     h = hashlib.sha256(VERSION.encode())
-    for name in ("grading.py", "pytest_runner.py", "validate.py", "venv.py", "venv_probe.py",
-                 "swebench.py", "mine.py"):  # fmt: skip
+    for name in (
+        "grading.py",
+        "pytest_runner.py",
+        "validate.py",
+        "venv.py",
+        "venv_probe.py",
+        "swebench.py",
+        "mine.py",
+        "outcomes.py",
+        "git.py",
+        "build_sandbox.py",
+        "venv_build.py",
+    ):
         h.update((here / name).read_bytes())
     return h.hexdigest()
 
@@ -78,10 +114,14 @@ def _brief(message: str) -> str:
 
 
 def _failures(result: GradeResult, limit: int = 3) -> str:
-    if result.error:
+    bad = [
+        (t, s)
+        for t, s in {**result.fail_to_pass, **result.pass_to_pass}.items()
+        if not counts_as_passing(s, result.gold.get(t))
+    ]
+    # a test's own failure says more than a canary's; an error alone when nothing ran
+    if result.error and all(s == "missing" for _, s in bad):
         return result.error
-    bad = [(t, s) for t, s in {**result.fail_to_pass, **result.pass_to_pass}.items()
-           if s not in ("passed", "xfailed")]  # fmt: skip
     shown = [f"{t} {s}" + (f" ({_brief(m)})" if (m := result.messages.get(t)) else "")
              for t, s in bad[:limit]]  # fmt: skip
     more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
@@ -90,7 +130,8 @@ def _failures(result: GradeResult, limit: int = 3) -> str:
 
 def _definitive(*results: GradeResult) -> bool:
     statuses = [s for r in results for s in {**r.fail_to_pass, **r.pass_to_pass}.values()]
-    return not any(s in ("timeout", "missing") for s in statuses)
+    cut = any(r.error == CUT_SHORT for r in results)
+    return not cut and not any(s in ("timeout", "missing") for s in statuses)
 
 
 def validate_task(task: SweTask, **grade_kw: Any) -> tuple[Validation, bool]:
@@ -109,6 +150,12 @@ def validate_task(task: SweTask, **grade_kw: Any) -> tuple[Validation, bool]:
     except ValueError as e:
         return verdict("invalid", f"the gold patch does not apply: {str(e)[-500:]}")
     gold = grade(task, gold_changes, **grade_kw)
+    statuses = {**gold.fail_to_pass, **gold.pass_to_pass}
+    # the xfails, xpasses and skips of the gold run: with the fix, these are what counts
+    outcomes = {t: s for t, s in statuses.items() if s in TOLERATED}
+    if outcomes and not gold.error:
+        task = dataclasses.replace(task, gold_outcomes=outcomes)
+        gold = grade(task, gold_changes, **grade_kw)
     if not gold.resolved:
         reason = f"the gold patch does not resolve it: {_failures(gold)}"
         return verdict("invalid", reason, _definitive(gold))
@@ -116,7 +163,8 @@ def validate_task(task: SweTask, **grade_kw: Any) -> tuple[Validation, bool]:
     if empty.resolved:
         return verdict("invalid", "an empty patch resolves it (every FAIL_TO_PASS test passes "
                        "without the fix)")  # fmt: skip
-    return verdict("valid", "", _definitive(gold, empty))
+    result, cacheable = verdict("valid", "", _definitive(gold, empty))
+    return dataclasses.replace(result, outcomes=outcomes), cacheable
 
 
 def _cache_path(cache_dir: Path, task: SweTask) -> Path:
@@ -127,11 +175,8 @@ def _cache_path(cache_dir: Path, task: SweTask) -> Path:
 def validate_cached(task: SweTask, cache_dir: Path, use_cache: bool = True,
                     **grade_kw: Any) -> Validation:  # fmt: skip
     path = _cache_path(cache_dir, task)
-    if use_cache:
-        try:
-            return Validation(**{**json.loads(path.read_text()), "cached": True})
-        except (OSError, ValueError, TypeError):
-            pass
+    if use_cache and (cached := read_verdict(path, task.key)) is not None:
+        return cached
     result, cacheable = validate_task(task, **grade_kw)
     if cacheable:
         store_verdict(cache_dir, task, result)
@@ -171,7 +216,12 @@ def check_tasks(
         results = pool.map(lambda t: validate_cached(t, cache_dir, use_cache, **kw), ready)
         by_key.update((r.key, r) for r in results)
     attached = {t.key: t for t in ready}
-    return [(attached.get(t.key, t), by_key[t.key]) for t in tasks]
+    out = []
+    for t in tasks:
+        v = by_key[t.key]
+        task = attached.get(t.key, t)
+        out.append((dataclasses.replace(task, gold_outcomes=v.outcomes) if v.outcomes else task, v))
+    return out
 
 
 def table(results: list[Validation], reason_chars: int = 120) -> str:

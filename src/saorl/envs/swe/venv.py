@@ -15,9 +15,14 @@ The hash covers everything the build reads: the install files at the commit (`py
 `setup.py`, `setup.cfg`, the requirements files), the extras and files chosen from them,
 `env.swe_pip_args`, saorl's interpreter and site-packages, and `BUILD_VERSION`.
 
-How an environment is built: on the host, with pip's own configuration (its index, so with
-network), before any episode; the repository's build code at the environment commit runs here,
-as under any `pip install`, while code the agent writes never does.
+How an environment is built: the repository's build code (`setup.py`, an in-tree PEP 517
+backend) is hostile input, so everything that runs or reads what it made runs in the sandbox
+(`venv_build.py`): the environment scrubbed to pip's settings (`PIP_*`, pip's config file,
+proxies, CA bundles: `build_env_vars`), the venv and the build clone the only writable host
+paths, the paths pip's arguments name bound read-only, and the host's network only when pip
+needs an index (no `--no-index`): bubblewrap cannot allow one host alone, so a build that
+downloads can reach the network (never the caller's secrets or files). On the host: the venv's
+creation and the hardened git clone (`git.py`); code the agent writes never runs at build time.
 1. `python -m venv --without-pip` with saorl's interpreter, plus `_saorl_base.pth` appending
    saorl's site-packages after the venv's own: pytest, pluggy and pip come from saorl's
    environment, and what the repository requires is installed into the venv and shadows them
@@ -51,7 +56,7 @@ import hashlib
 import json
 import os
 import re
-import shutil
+import secrets
 import site
 import subprocess
 import sys
@@ -64,9 +69,20 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from saorl.envs.swe.build_sandbox import (
+    BUILD_DISK_BYTES,
+    BUILD_MEMORY_BYTES,
+    build_env_vars,
+    checked_env,
+    host_paths,
+    needs_network,
+    objects_dirs,
+)
+from saorl.envs.swe.git import git, git_argv, git_env
 from saorl.envs.swe.task import EnvSource, TaskEnv
+from saorl.envs.swe.workspace import remove_tree
 
-BUILD_VERSION = "1"  # bump when what a build produces changes: every key changes with it
+BUILD_VERSION = "2"  # bump when what a build produces changes: every key changes with it
 TEST_EXTRAS = ("test", "tests", "testing")
 TEST_REQUIREMENTS = (
     "requirements-test.txt", "requirements-tests.txt", "requirements-testing.txt",
@@ -80,7 +96,6 @@ INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "requirements.tx
           *TEST_REQUIREMENTS, *DEV_REQUIREMENTS)  # fmt: skip
 READY = "ready.json"
 PTH = "_saorl_base.pth"
-_SCRIPT = "#!{python}\nimport sys\nfrom pytest import console_main\nsys.exit(console_main())\n"
 
 
 class EnvBuildError(RuntimeError):
@@ -108,8 +123,7 @@ class InstallPlan:
 def read_inputs(checkout: str, commit: str) -> dict[str, bytes]:
     """The install files (`INPUTS`) present at `commit`: one `git cat-file --batch`."""
     spec = "".join(f"{commit}:{name}\n" for name in INPUTS).encode()
-    proc = subprocess.run(["git", "-C", checkout, "cat-file", "--batch"], input=spec,
-                          capture_output=True, timeout=120)  # fmt: skip
+    proc = git(checkout, "cat-file", "--batch", input=spec, timeout=120)
     if proc.returncode != 0:
         raise EnvBuildError(f"git cat-file in {checkout} failed: {proc.stderr.decode()[-500:]}")
     out, pos, files = proc.stdout, 0, {}
@@ -255,56 +269,27 @@ def ensure_env(source: EnvSource, cache_dir: Path, pip_args: Sequence[str] = (),
 def _ready(envdir: Path) -> TaskEnv | None:
     try:
         data = json.loads((envdir / READY).read_text())
-        env = TaskEnv(data["venv"], tuple(data["roots"]), tuple(data["plugins"]), data["key"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
-    return env if Path(env.python).exists() else None
-
-
-def _host_env() -> dict[str, str]:
-    """The build's environment: the caller's (pip's configuration, proxies), minus what would
-    make the venv's interpreter look elsewhere."""
-    drop = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "PYTHONUSERBASE", "VIRTUAL_ENV",
-            "__PYVENV_LAUNCHER__")  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    return {**env, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
-
-
-def _run(what: str, argv: list[str], cwd: Path, timeout_s: float, log: list[str]) -> str:
-    """Run the build step `what`; its output goes to the log; raises EnvBuildError on failure."""
-    try:
-        proc = subprocess.run(argv, cwd=cwd, env=_host_env(), capture_output=True, text=True,
-                              timeout=timeout_s)  # fmt: skip
-    except subprocess.TimeoutExpired:
-        raise EnvBuildError(f"`{what}` ran past {timeout_s:g} s") from None
-    log.append(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
-    if proc.returncode != 0:
-        text = (proc.stderr or proc.stdout).strip()
-        errors = [line.strip() for line in text.splitlines() if line.lstrip().startswith("ERROR")]
-        # pip's last ERROR line is the most specific ("No matching distribution found for X"):
-        # it goes first, so a one-line view of the message shows it
-        lines = text.splitlines() or [""]
-        head = errors[-1] if errors else lines[-1]
-        detail = "\n".join(errors[:-1] if errors else lines[:-1])
-        raise EnvBuildError(f"`{what}` failed (exit {proc.returncode}): {head}\n{detail[-1500:]}")
-    return proc.stdout
+    env = checked_env(data, envdir)
+    return env if env is not None and Path(env.python).exists() else None
 
 
 def _build(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[str],
            timeout_s: float) -> TaskEnv:  # fmt: skip
-    if envdir.exists():  # half-built (no ready marker): start over
-        shutil.rmtree(envdir)
+    if os.path.lexists(envdir):  # half-built (no ready marker): start over
+        remove_tree(envdir)
     envdir.mkdir(parents=True)
     log: list[str] = []
     start = time.monotonic()
     try:
         env = _build_steps(source, plan, envdir, pip_args, timeout_s, log)
     except EnvBuildError as e:
-        shutil.rmtree(envdir / "venv", ignore_errors=True)
+        remove_tree(envdir / "venv")
         raise EnvBuildError(f"{source.repo} at {source.commit[:12]}: {str(e).rstrip()}\n(log: "
                             f"{envdir / 'build.log'})") from None  # fmt: skip
     finally:
-        shutil.rmtree(envdir / "build", ignore_errors=True)
+        remove_tree(envdir / "build")
         (envdir / "build.log").write_text("\n".join(log), encoding="utf-8")
     record = {**asdict(env), "repo": source.repo, "commit": source.commit,
               "plan": asdict(plan), "seconds": round(time.monotonic() - start, 2)}  # fmt: skip
@@ -314,83 +299,93 @@ def _build(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[st
     return env
 
 
+def _host_step(what: str, argv: list[str], log: list[str]) -> None:
+    """A step on the host that runs nothing of the repository (venv creation, hardened git)."""
+    proc = subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**git_env(), "PYTHONNOUSERSITE": "1"},
+    )
+    log.append(f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}")
+    if proc.returncode != 0:
+        raise EnvBuildError(f"`{what}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
+
+
 def _build_steps(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[str],
                  timeout_s: float, log: list[str]) -> TaskEnv:  # fmt: skip
+    from saorl.sandbox import Limits, run
+
     venv, build = envdir / "venv", envdir / "build"
-    _run("python -m venv", [sys.executable, "-m", "venv", "--without-pip", str(venv)], envdir,
-         300, log)  # fmt: skip
-    python = str(venv / "bin" / "python")
+    _host_step(
+        "python -m venv", [sys.executable, "-I", "-m", "venv", "--without-pip", str(venv)], log
+    )
     purelib = Path(sysconfig.get_path("purelib", "venv", {"base": venv, "platbase": venv}))
     (purelib / PTH).write_text("".join(f"{p}\n" for p in base_site_dirs()))
-    _run("git clone", ["git", "clone", "--quiet", "--shared", "--no-checkout", source.checkout,
-                       str(build)], envdir, 600, log)  # fmt: skip
-    _run("git checkout", ["git", "-C", str(build), "checkout", "--quiet", "--detach",
-                          source.commit], envdir, 600, log)  # fmt: skip
-    if targets := plan.pip_targets():
-        pip = [python, "-m", "pip", "install", *pip_args, *targets]
-        _run(f"pip install {' '.join(targets)}", pip, build, timeout_s, log)
-    probe = Path(__file__).with_name("venv_probe.py").read_text(encoding="utf-8")
-    detect = [python, "-I", "-c", probe, str(build),
-              json.dumps([plan.extras, plan.requirements, plan.packages])]  # fmt: skip
-    info = json.loads(_run("inspecting the environment", detect, envdir, 120, log))
-    roots = _roots(info, build)
-    _detach(purelib, str(build))
-    after = json.loads(_run("inspecting the environment", detect, envdir, 120, log))
-    if after["paths"] or after["mapped"]:
-        raise EnvBuildError(f"the install still points into the build copy: {after}")
-    for name in ("pytest", "py.test"):
-        script = venv / "bin" / name
-        if not script.exists():
-            script.write_text(_SCRIPT.format(python=python))
-            script.chmod(0o755)
-    return TaskEnv(str(venv), roots, tuple(after["plugins"]), envdir.name)
+    _host_step(
+        "git clone",
+        git_argv(
+            None, "clone", "--quiet", "--shared", "--no-checkout", source.checkout, str(build)
+        ),
+        log,
+    )
+    _host_step(
+        "git checkout", git_argv(build, "checkout", "--quiet", "--detach", source.commit), log
+    )
+    # Everything that runs or reads the repository's build code happens in the sandbox.
+    nonce = secrets.token_hex(16)
+    spec = {
+        "nonce": nonce,
+        "venv": str(venv),
+        "build": str(build),
+        "pip": pip_args,
+        "targets": plan.pip_targets(),
+        "requirements": [plan.extras, plan.requirements, plan.packages],
+        "probe": _source("venv_probe.py"),
+    }
+    env = build_env_vars()
+    limits = Limits(
+        wall_s=timeout_s,
+        cpu_s=max(int(timeout_s), 1),
+        max_processes=512,
+        memory_bytes=BUILD_MEMORY_BYTES,
+        file_size_bytes=BUILD_DISK_BYTES,
+        open_files=4096,
+        output_bytes=1 << 20,
+    )
+    result = run(
+        [sys.executable, "-I", "-B", "-c", _source("venv_build.py")],
+        limits=limits,
+        stdin=json.dumps(spec).encode() + b"\n",
+        env=env,
+        rw_binds=(venv, build),
+        ro_binds=(*objects_dirs(build), *host_paths([*pip_args, *env.values()])),
+        network=needs_network(pip_args, env),
+        cwd=build,
+    )
+    log.append(result.stderr)
+    lines = [x for x in result.stdout.splitlines() if x.startswith(nonce + " ")]
+    try:
+        answer = json.loads(lines[-1][len(nonce) + 1 :])
+    except (IndexError, ValueError):
+        answer = {"error": f"the build ended without a result ({result.reason})"}
+    if not isinstance(answer, dict) or "error" in answer:
+        raise EnvBuildError(str(answer.get("error") if isinstance(answer, dict) else answer))
+    env_record = {
+        "venv": str(venv),
+        "roots": answer.get("roots"),
+        "plugins": answer.get("plugins"),
+        "key": envdir.name,
+    }
+    task_env = checked_env(env_record, envdir)
+    if task_env is None:
+        raise EnvBuildError(f"the build reported an unusable result: {answer}"[:2000])
+    return task_env
 
 
-def _roots(info: dict, build: Path) -> tuple[str, ...]:
-    """Import roots relative to the repository: what the editable install put on the path,
-    the parents of the packages its hook maps; else `src` (when it holds Python) and `.`."""
-    roots: list[str] = []
-    real = Path(os.path.realpath(build))
-    for entry in info["paths"]:
-        roots.append(Path(os.path.realpath(entry)).relative_to(real).as_posix())
-    for name, path in info["mapped"]:
-        p = Path(os.path.realpath(path))
-        if p.name == "__init__.py":
-            p = p.parent
-        elif p.suffix:
-            p = p.with_suffix("")
-        parts = tuple(name.split("."))
-        if p.parts[-len(parts) :] != parts:
-            raise EnvBuildError(
-                f"package {name!r} is installed from {p.relative_to(real).as_posix()!r}, a "
-                "directory of another name; saorl puts the repository's import roots on the "
-                "path and cannot mirror such a mapping (package_dir)"
-            )
-        roots.append(p.parents[len(parts) - 1].relative_to(real).as_posix())
-    if not roots:
-        src = build / "src"
-        has_src = src.is_dir() and (any(src.glob("*.py")) or any(src.glob("*/*.py")))
-        roots = ["src", "."] if has_src else ["."]
-    return tuple(dict.fromkeys(roots))
-
-
-def _detach(purelib: Path, build: str) -> None:
-    """Delete the editable install's hook files (the top-level `.pth`, `.py` and `.egg-link`
-    files of site-packages that name the build copy), and its lines of `easy-install.pth`."""
-    needle = build.encode()
-    for entry in sorted(purelib.iterdir()):
-        if not entry.is_file() or entry.suffix not in (".pth", ".py", ".egg-link"):
-            continue
-        data = entry.read_bytes()
-        if needle not in data:
-            continue
-        if entry.name == "easy-install.pth":
-            kept = [line for line in data.splitlines(keepends=True) if needle not in line]
-            entry.write_bytes(b"".join(kept))
-            continue
-        entry.unlink()
-        for cached in (purelib / "__pycache__").glob(f"{entry.stem}.*.pyc"):
-            cached.unlink()
+def _source(name: str) -> str:
+    return Path(__file__).with_name(name).read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
-"""Runs with a task venv's interpreter, on the host, while `venv.py` builds it (as
-`python -I -c <this source> CLONE JSON`): what the install left behind, as one JSON line.
+"""Runs with a task venv's interpreter, in the build sandbox (`venv_build.py`), while `venv.py`
+builds it (as `python -I -c <this source> CLONE JSON`): what the install left behind, as one
+JSON line.
 
 - `paths`, `mapped`: what points into the clone the repository was installed from: `sys.path`
   entries (an editable install's `.pth`) and the import-hook mappings of setuptools

@@ -22,6 +22,7 @@ Decisions:
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import shutil
@@ -52,8 +53,53 @@ class ChangesTooLarge(ValueError):
     """The agent's changes exceed the cap; they are not graded."""
 
 
+class UnsafeCacheDir(ValueError):
+    """The cache directory could be written by someone else; nothing in it is used."""
+
+
 def default_cache_dir() -> Path:
-    return Path(tempfile.gettempdir()) / f"saorl-swe-{os.getuid()}"
+    """The per-user cache: `$XDG_CACHE_HOME/saorl/swe`, else `~/.cache/saorl/swe` (never a
+    predictable folder of the shared temp directory, which another user could create first)."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "saorl" / "swe"
+
+
+def secure_cache_dir(path: Path) -> Path:
+    """`path`, created (mode 0700) if missing, and checked: it must be ours and writable by
+    nobody else, and each directory above it ours or root's and not writable by others unless
+    sticky (/tmp); else `UnsafeCacheDir` (records planted in a cache would choose what saorl
+    writes and runs, and a folder another user controls can be swapped under us)."""
+    path = Path(os.path.abspath(path))
+    if not os.path.lexists(path):
+        for d in reversed([path, *path.parents]):
+            if not os.path.lexists(d):
+                with contextlib.suppress(FileExistsError):  # made meanwhile: checked below
+                    os.mkdir(d, 0o700)
+    me = os.getuid()
+    for d in [path, *path.parents]:
+        st = os.lstat(d)
+        if stat.S_ISLNK(st.st_mode) and st.st_uid in (me, 0):
+            st = os.stat(d)  # a link of the user's (or the system's) to a folder elsewhere
+        if not stat.S_ISDIR(st.st_mode):
+            raise UnsafeCacheDir(f"cache directory {d} is not a directory")
+        if st.st_uid not in (me, 0) or (d == path and st.st_uid != me):
+            raise UnsafeCacheDir(
+                f"cache directory {d} is owned by uid {st.st_uid}, not by this "
+                f"user ({me}); use a directory of your own"
+            )
+        shared = st.st_mode & 0o022 and (d == path or not st.st_mode & stat.S_ISVTX)
+        if shared:
+            raise UnsafeCacheDir(
+                f"cache directory {d} is writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it"
+            )
+    return path
+
+
+def swe_cache_dir(configured: str) -> Path:
+    """`env.swe_cache_dir` (default: `default_cache_dir()`), created and checked."""
+    return secure_cache_dir(Path(configured).expanduser() if configured else default_cache_dir())
 
 
 _snapshot_lock = threading.Lock()
@@ -81,7 +127,13 @@ def materialize(path: Path, fill: Callable[[Path], None]) -> Path:
 
 
 def write_files(root: Path, files: dict[str, bytes]) -> None:
+    """Write `files` (relative path -> bytes) below `root`; a path that is absolute, has `..`
+    or is not already normal (a cached record someone forged) is a ValueError."""
     for rel, data in files.items():
+        if safe_relpath(rel) != rel:
+            raise ValueError(f"refusing to write {rel!r}: not a plain relative path")
+        if not parents_are_dirs(root, rel):
+            raise ValueError(f"refusing to write {rel!r}: a parent is a symlink")
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         dest.write_bytes(data)
@@ -142,6 +194,36 @@ def read_file(path: Path, limit: int = MAX_CHANGED_BYTES + 1) -> bytes:
         os.close(fd)
 
 
+def read_below(root: Path, rel: str, limit: int = MAX_CHANGED_BYTES + 1) -> bytes | None:
+    """The bytes of the regular file `rel` below `root`, opened one component at a time
+    without following any symlink (a link anywhere on the path, e.g. `up -> ../../..` in a
+    repository, would reach host files); None when there is no such file."""
+    parts = rel.split("/")
+    if safe_relpath(rel) != rel:
+        return None
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], FILE_FLAGS, dir_fd=fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        if not stat.S_ISREG(os.fstat(leaf).st_mode):
+            return None
+        with os.fdopen(leaf, "rb", closefd=False) as f:
+            return f.read(limit)
+    finally:
+        os.close(leaf)
+
+
 def collect_changes(
     base: Path, work: Path, max_bytes: int = MAX_CHANGED_BYTES, max_files: int = MAX_CHANGED_FILES
 ) -> Changes:
@@ -178,7 +260,7 @@ def collect_changes(
                 data = read_at(entry, max_bytes + 1)
             except OSError:
                 continue
-            if old is not None and stat.S_ISREG(old.st_mode) and data == read_file(base / rel):
+            if old is not None and stat.S_ISREG(old.st_mode) and data == read_below(base, rel):
                 continue
             changes[rel] = data
     for rel in base_entries:
@@ -211,7 +293,7 @@ def safe_relpath(rel: str) -> str | None:
     return norm
 
 
-def _parents_are_dirs(root: Path, rel: str) -> bool:
+def parents_are_dirs(root: Path, rel: str) -> bool:
     cur = root
     for part in rel.split("/")[:-1]:
         cur = cur / part
@@ -225,7 +307,7 @@ def apply_changes(root: Path, changes: Changes) -> list[str]:
     skipped = []
     for rel, data in sorted(changes.items()):
         norm = safe_relpath(rel)
-        if norm is None or not _parents_are_dirs(root, norm):
+        if norm is None or not parents_are_dirs(root, norm):
             skipped.append(rel)
             continue
         dest = root / norm
@@ -248,8 +330,8 @@ def unified_diff(base: Path, changes: Changes, max_chars: int = 20000) -> str:
     """The changes as a git-style unified diff (binary files named only), capped."""
     out: list[str] = []
     for path, data in sorted(changes.items()):
-        old_path, rel = base / path, display_path(path)
-        old = read_file(old_path) if old_path.is_file() and not old_path.is_symlink() else None
+        rel = display_path(path)
+        old = read_below(base, path)  # never through a link: a host file is no "old" side
         try:
             a = [] if old is None else old.decode().splitlines(keepends=True)
             b = [] if data is None else data.decode().splitlines(keepends=True)

@@ -45,7 +45,7 @@ from saorl.envs.swe.gen.mutate import AST_LOCK, Mutation, mutate, mutation_sites
 from saorl.envs.swe.gen.templates import PACKAGES, PLACEHOLDER, Template, all_templates
 from saorl.envs.swe.grading import PASSING, TestRun, check_pytest, run_tests
 from saorl.envs.swe.task import SweTask
-from saorl.envs.swe.workspace import remove_tree, write_files
+from saorl.envs.swe.workspace import remove_tree, safe_relpath, write_files
 
 MAX_SITES_TRIED = 24  # mutation sites tried per task index before the index is skipped
 # A mutant whose test runs more lines than this hangs (the templates' tests run a few thousand).
@@ -244,12 +244,43 @@ def _version() -> str:
     return h.hexdigest()[:16]
 
 
+def valid_record(record: Any) -> bool:
+    """Whether a cached record is one `validate` could have written: the right types, and
+    every path in it plain and relative (no `..`, nothing absolute). A cache is data: a forged
+    record must never choose where a file is written."""
+    try:
+        paths = [*record["files"], *record["gold"], record["edit"][0]]
+        texts = [
+            *record["files"].values(),
+            *record["gold"].values(),
+            *record["edit"],
+            record["key"],
+            record["prompt"],
+            record["answer"],
+            *record["fail_to_pass"],
+            *record["pass_to_pass"],
+        ]
+        ok = len(record["edit"]) == 3 and all(isinstance(t, str) for t in texts)
+    except (KeyError, TypeError, IndexError, AttributeError):
+        return False
+    return ok and all(isinstance(p, str) and safe_relpath(p) == p for p in paths)
+
+
+def _cached_record(path: Path) -> Any:
+    """The record at `path`: a dict, None (no task for that index) or False (nothing usable
+    there: absent, unreadable or invalid, so it is made again)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return record if record is None or valid_record(record) else False
+
+
 def build_task(seed: int, index: int, cache_dir: Path, use_cache: bool = True) -> SweTask | None:
     """Task `index` of `seed` (validated now, or read from the validation cache)."""
     record_path = cache_dir / "generated" / f"records-{_version()}" / f"{seed}-{index}.json"
-    if use_cache and record_path.is_file():
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-    else:
+    record: Any = _cached_record(record_path) if use_cache else False
+    if record is False:
         record = validate(seed, index)
         if use_cache:
             record_path.parent.mkdir(parents=True, exist_ok=True)
