@@ -207,7 +207,7 @@ def _rl_loop(
             # checkpoint, which resume truncates and redoes; the other order would lose it.
             row_adv = pop_row_advantages(metrics)
             log.log(metrics)
-            samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
+            samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv, got.failed)
             ck = cfg.run.checkpoint_every
             if stop or learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
                 save_step(learner, tokenizer, run_dir, {**pool.snapshot(), **extra},
@@ -216,6 +216,7 @@ def _rl_loop(
             if stop:
                 stopped_by = "collapse"
                 break
+        errors = pool.stats().errors  # failed episodes by message (saorl.rollout.failures)
     finally:
         pool.close()
     summary = {
@@ -225,6 +226,7 @@ def _rl_loop(
         "steps": learner.steps,
         "policy_version": learner.version,
         "dropped_stale": totals["dropped"],
+        "errors": errors,
         "learner_idle_frac": metrics.get("perf/learner_idle_frac"),
         "rollout_idle_frac": metrics.get("perf/rollout_idle_frac"),
         "stopped_by": stopped_by,

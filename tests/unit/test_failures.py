@@ -1,0 +1,124 @@
+"""Failed episodes are never silent: each distinct error printed once with the user's frames,
+counted, and a first batch of mostly failures stops the run (exit 2, the error named)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import queue
+import random
+
+import pytest
+
+from saorl.collector import BatchCollector
+from saorl.config import ConfigError
+from saorl.rollout.failures import MAX_DISTINCT, OTHER, FailureLog, failure_info
+from saorl.rollout.worker import PromptFeed
+from saorl.types import Trajectory
+
+
+def user_step(action: str) -> None:
+    return {}["missing"]  # the user's bug
+
+
+def _failed(key: str = "k", where: str = "step") -> Trajectory:
+    try:
+        try:
+            user_step("x")
+        except KeyError as e:
+            raise RuntimeError("wrapped") from e  # as saorl's reward wrapper does
+    except RuntimeError as e:
+        info = failure_info(where, e)
+    return Trajectory([1], [], [], [], [], stop_reason="env_error", prompt_key=key, info=info)
+
+
+def _ok(reason: str = "answer") -> Trajectory:
+    return Trajectory([1], [2], [1], [0.0], [0], reward=1.0, stop_reason=reason)
+
+
+def test_failure_info_keeps_the_innermost_frames() -> None:
+    info = _failed().info
+    assert info["error"] == "step: RuntimeError: wrapped"
+    assert "in user_step" in info["traceback"] and "KeyError: 'missing'" in info["traceback"]
+
+
+def test_each_message_printed_once_and_counted() -> None:
+    out = io.StringIO()
+    log = FailureLog(out)
+    for _ in range(3):
+        log.record(_failed())
+    log.record(_ok())
+    log.record(_failed(where="reset"))
+    assert log.counts == {"step: RuntimeError: wrapped": 3, "reset: RuntimeError: wrapped": 1}
+    text = out.getvalue()
+    assert text.count("saorl: episode failed (task k): step: RuntimeError: wrapped") == 1
+    assert text.count("in user_step") == 2  # once per distinct message
+    for i in range(MAX_DISTINCT + 5):
+        t = _failed()
+        t.info["error"] = f"step: ValueError: {i}"
+        log.record(t)
+    assert len(log.counts) == MAX_DISTINCT + 1 and log.counts[OTHER] == 7
+
+
+def _collector(trajs: list[Trajectory]) -> BatchCollector:
+    out: queue.Queue[Trajectory] = queue.Queue()
+    for t in trajs:
+        out.put(t)
+    feed = PromptFeed(None, random.Random(0), batch_size=4, max_staleness=1)
+    c = BatchCollector([], feed, out, group_size=1, sync=False)
+    c.failures = FailureLog(io.StringIO())
+    return c
+
+
+def test_a_first_batch_of_mostly_failures_stops_the_run() -> None:
+    # Length-cut episodes never reached the verdict: 3 failures against 1 answer stop it.
+    c = _collector(
+        [_failed(), _ok("length"), _failed(), _ok(), _ok("length"), _failed(), _ok("length")]
+    )
+    with pytest.raises(ConfigError, match=r"3 of the first 4 episodes .* \(3 times\): step: "):
+        c.collect(0, 4, 1)
+
+
+def test_some_failures_or_later_ones_do_not_stop_it() -> None:
+    c = _collector(
+        [
+            _failed(),
+            _ok(),
+            _ok(),
+            _ok(),
+            _ok(),
+            *[_failed() for _ in range(8)],
+            _ok(),
+            _ok(),
+            _ok(),
+            _ok(),
+        ]
+    )
+    assert len(c.collect(0, 4, 1)[0]) == 4  # 1 of 4 failed
+    assert len(c.collect(0, 4, 1)[0]) == 4  # the second batch is not checked
+    assert c.failures.counts == {"step: RuntimeError: wrapped": 9} and c.failed == 9
+
+
+def test_a_custom_env_step_that_raises_is_recorded_by_the_worker() -> None:
+    from saorl.rollout.worker import AgentLimits, RolloutWorker
+
+    class Env:
+        offload = False
+
+        async def reset(self, task):
+            raise ValueError(f"no such task {task}")
+
+        async def step(self, action_text):  # pragma: no cover - reset fails first
+            raise AssertionError
+
+    out: queue.Queue[Trajectory] = queue.Queue()
+
+    worker = RolloutWorker.__new__(RolloutWorker)  # only the episode plumbing is exercised
+    worker.make_env, worker.out, worker.active, worker.episodes = Env, out, 0, {}
+    worker.limits = AgentLimits(max_seq_len=8, max_new_tokens=4)
+    worker._inline_loop = asyncio.new_event_loop()
+    worker._start_episode("t1")
+    traj = out.get_nowait()
+    assert traj.stop_reason == "env_error"
+    assert traj.info["error"] == "reset: ValueError: no such task t1"
+    assert "in reset" in traj.info["traceback"]
