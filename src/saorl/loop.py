@@ -38,6 +38,7 @@ from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
 from saorl.learner import NonFiniteError
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
+from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.topology import Topology, build_topology
@@ -82,6 +83,7 @@ def _fresh_run_dir(output_dir: Path, name: str) -> Path:
 def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
     learner, tokenizer = placed.learner, placed.tokenizer
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
+    check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
     run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     prompt_rng = random.Random(cfg.run.seed)
