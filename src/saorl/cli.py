@@ -492,4 +492,8 @@ def _print_summary(cfg: Config, summary: dict[str, Any]) -> None:
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else value
         print(f"{key}: {shown}")
+    if c := summary.get("collapse"):  # the whole run's verdict (eval_drop too)
+        print(f"collapse: {c['signal']} at step {c['detected_step']}: {c['reason']}")
+    for message, count in (summary.get("errors") or {}).items():
+        print(f"failed episodes: {count} x {message}")
     print(f"run directory: {run_dir}")

@@ -57,4 +57,5 @@ def test_readme_own_dataset_commands_run_as_written(tmp_path: Path) -> None:
         (summary_path,) = (tmp_path / f"runs{i}").glob("*/summary.json")
         summary = json.loads(summary_path.read_text())
         assert summary["steps"] == 2 and summary["errors"] == {}
+        assert summary["policy_updates"] == 1 and summary["critic_only_steps"] == 1
         assert "<unk>" not in run.stderr  # no newline read as <unk> by the built-in model

@@ -107,6 +107,24 @@ def test_train_calls_loop_and_prints_run_dir(
     assert "eval/accuracy: 0.5" in out
 
 
+def test_printed_summary_names_a_collapse_and_failed_episodes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finding = {
+        "signal": "eval_drop",
+        "detected_step": 40,
+        "step": 30,
+        "reason": "eval/accuracy 0.2 < 0.5 x best 0.9",
+    }
+    errors = {"step: RewardFunctionError: reward function f raised KeyError: 'x'": 3}
+    _fake_loop(monkeypatch, {"collapse": finding, "errors": errors, "policy_updates": 0})
+    assert main(["train", "run.output_dir=out"]) == 0
+    out = capsys.readouterr().out
+    assert "collapse: eval_drop at step 40: eval/accuracy 0.2 < 0.5 x best 0.9" in out
+    assert "failed episodes: 3 x step: RewardFunctionError: reward function f raised" in out
+    assert "policy_updates: 0" in out
+
+
 def test_train_without_run_dir_in_summary(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
