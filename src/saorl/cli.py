@@ -421,7 +421,7 @@ def _compare(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("saorl compare: interrupted (rerun the same command to continue)", file=sys.stderr)
         return 130
-    print(index)
+    print(f"{(index.parent / 'arms.txt').read_text()}{index}")  # the arms table, the report
     failed = failed_runs(index.parent)
     if failed:
         print(f"saorl compare: failed runs: {', '.join(failed)} (see {index})", file=sys.stderr)
