@@ -332,14 +332,26 @@ def run_eval(
     return summary, rows
 
 
+def model_label(model: str) -> str:
+    """A directory name for `model`: a local path's last two parts (`runs_exp1`,
+    `exp1_final`), else the hub id or name (`Qwen_Qwen3-1.7B`, `builtin_tiny`)."""
+    import re
+
+    path = Path(model)
+    text = "_".join(path.resolve().parts[-2:]) if path.exists() else model
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "model"
+
+
 def write_results(
     model: str, cfg: Config, summary: dict[str, Any], rows: list[dict[str, Any]], out: str | None
 ) -> Path:
     """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path.
 
-    `out` defaults to evals/NAME.jsonl, NAME being the dataset file's stem (env 'math'), the
-    task file's stem or `swe_generated` (env 'swe'), else the env's name (its factory's, for
-    your own env); the summary goes beside it (NAME.summary.json)."""
+    `out` defaults to evals/MODEL/NAME.jsonl, MODEL naming the model evaluated (`model_label`:
+    two evaluations of different models never overwrite each other), NAME being the dataset
+    file's stem (env 'math'), the task file's stem or `swe_generated` (env 'swe'), else the
+    env's name (its factory's, for your own env); the summary goes beside it
+    (NAME.summary.json)."""
     import json
 
     from rich.console import Console
@@ -354,7 +366,7 @@ def write_results(
         summary = {"resolved_rate": summary["accuracy"], **summary}
     elif ":" in env.name:  # your own env ('module:attr', 'file.py:attr'): the attribute's name
         name = env.name.rpartition(":")[2]
-    path = Path(out or f"evals/{name}.jsonl")
+    path = Path(out or f"evals/{model_label(model)}/{name}.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))

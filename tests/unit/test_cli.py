@@ -244,3 +244,21 @@ def test_python_m_saorl(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "algorithm.eps_low: must be > 0, got -0.1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_eval_results_of_two_models_do_not_overwrite_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from saorl.evaluation import model_label, write_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    cfg = load_config(None, ["env.name=math", "env.dataset=math500"])
+    first = write_results("runs/a", cfg, {"accuracy": 0.5}, [{"key": "p1", "reward": 1}], None)
+    second = write_results("Qwen/Qwen3-1.7B", cfg, {"accuracy": 0.25}, [], None)
+    assert first == Path("evals/runs_a/math500.jsonl") and first.read_text().count("\n") == 1
+    assert second == Path("evals/Qwen_Qwen3-1.7B/math500.jsonl")
+    assert json.loads(first.with_suffix(".summary.json").read_text()) == {"accuracy": 0.5}
+    assert model_label("builtin:tiny") == "builtin_tiny"
