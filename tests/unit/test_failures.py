@@ -122,3 +122,21 @@ def test_a_custom_env_step_that_raises_is_recorded_by_the_worker() -> None:
     assert traj.stop_reason == "env_error"
     assert traj.info["error"] == "reset: ValueError: no such task t1"
     assert "in reset" in traj.info["traceback"]
+
+
+def test_failed_episodes_are_dumped_with_their_error(tmp_path) -> None:
+    import json
+
+    from saorl.metrics import MetricsLogger
+    from saorl.models.tokenizer import build_char_tokenizer
+    from saorl.samples import SAMPLES_FILE, SampleLogger
+
+    tok = build_char_tokenizer()
+    with MetricsLogger(tmp_path) as log:
+        samples = SampleLogger(tmp_path, tok, every=1, count=1, last_step=1, log=log)
+        samples.maybe_log(1, [_ok()], [0], {}, failed=[_failed("p7")])
+    rows = [json.loads(x) for x in (tmp_path / SAMPLES_FILE).read_text().splitlines()]
+    assert [(r["index"], r["stop_reason"]) for r in rows] == [(0, "answer"), (None, "env_error")]
+    assert rows[1]["prompt_key"] == "p7"
+    assert rows[1]["info"]["error"] == "step: RuntimeError: wrapped"
+    assert "in user_step" in rows[1]["info"]["traceback"]
