@@ -226,6 +226,7 @@ def _add_eval_parser(commands: Any) -> None:
     )
     ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
     ev.add_argument("--limit", type=int, metavar="N", help="the first N held-out problems only")
+    ev.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
     ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (evals/MODEL/NAME.jsonl)")
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
@@ -446,7 +447,7 @@ def _eval(args: argparse.Namespace) -> int:
 
         summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
                                  base_url=args.base_url, api_key=args.api_key,
-                                 progress=sys.stderr.isatty(),
+                                 progress=sys.stderr.isatty(), greedy=args.greedy,
                                  prompt_template=args.prompt_template)  # fmt: skip
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)

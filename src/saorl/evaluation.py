@@ -223,9 +223,10 @@ def run_eval(
     concurrency: int = 8,
     progress: bool = True,
     prompt_template: str = "saorl",
+    greedy: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on the held-out problems of the config `cfg`; returns (summary,
-    per-problem rows).
+    per-problem rows). `greedy`: argmax decoding (temperature 0 over HTTP) instead of sampling.
 
     The problems are `build_env(cfg.env, held_out_only=True)`'s, the first `limit` of them;
     sampling is `cfg.rollout`'s (temperature, top_p, max_new_tokens, stop), the context
@@ -272,7 +273,8 @@ def run_eval(
             def one(p: Any) -> Any:
                 ep = chat_episode(base_url, model, spec.make_env(), p,
                                   max_turns=spec.max_turns, max_tool_calls=spec.max_tool_calls,
-                                  stop=stop, temperature=roll.temperature, top_p=roll.top_p,
+                                  stop=stop, temperature=0.0 if greedy else roll.temperature,
+                                  top_p=roll.top_p,
                                   max_tokens=roll.max_new_tokens, api_key=api_key)  # fmt: skip
                 tick()
                 return ep
@@ -290,7 +292,7 @@ def run_eval(
                                     temperature=roll.temperature, top_p=roll.top_p,
                                     max_concurrent=max(roll.max_concurrent, 256),
                                     seed=cfg.run.seed, on_done=tick,
-                                    stop=tuple(roll.stop))  # fmt: skip
+                                    stop=tuple(roll.stop), greedy=greedy)  # fmt: skip
             texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
     stats = per_problem(episodes, k)  # type: ignore[arg-type]
     # A coding agent's answer is its repository changes, not a text to vote on.
@@ -322,6 +324,7 @@ def run_eval(
         "model": model,
         "problems": len(rows),
         "k": k,
+        "greedy": greedy,
         **template.describe(),
         f"avg@{k}": mean("pass@1"),
         "pass@1": mean("pass@1"),  # = avg@k: the name earlier versions wrote
