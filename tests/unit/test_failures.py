@@ -71,11 +71,31 @@ def _collector(trajs: list[Trajectory]) -> BatchCollector:
 
 
 def test_a_first_batch_of_mostly_failures_stops_the_run() -> None:
-    # Length-cut episodes never reached the verdict: 3 failures against 1 answer stop it.
+    # Length-cut episodes never reached the verdict: 4 failures against 1 answer stop it.
     c = _collector(
-        [_failed(), _ok("length"), _failed(), _ok(), _ok("length"), _failed(), _ok("length")]
+        [
+            _failed(),
+            _ok("length"),
+            _failed(),
+            _ok(),
+            _ok("length"),
+            _failed(),
+            _failed(),
+            _ok("length"),
+        ]
     )
-    with pytest.raises(ConfigError, match=r"3 of the first 4 episodes .* \(3 times\): step: "):
+    with pytest.raises(ConfigError, match=r"4 of the first 5 episodes .* \(4 times\): step: "):
+        c.collect(0, 4, 1)
+
+
+def test_too_few_failures_to_judge_do_not_stop_it() -> None:
+    # Most episodes cut by the length budget: 1 failure of 2 judged ones, then 3 of 4.
+    c = _collector([_failed(), _ok("length"), _ok("length"), _ok(), _ok("length")])
+    assert len(c.collect(0, 4, 1)[0]) == 4
+    c = _collector([_failed(), _failed(), _failed(), _ok(), *[_ok("length")] * 3])
+    assert len(c.collect(0, 4, 1)[0]) == 4
+    c = _collector([*[_failed()] * 4, _ok(), *[_ok("length")] * 3])  # 4 of 4: stop
+    with pytest.raises(ConfigError, match=r"4 of the first 4 episodes"):
         c.collect(0, 4, 1)
 
 

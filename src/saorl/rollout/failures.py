@@ -19,6 +19,7 @@ from saorl.config import ConfigError
 from saorl.types import Trajectory
 
 TAIL_FRAMES = 4  # traceback frames kept: the user's code is at the end
+MIN_FAILED = 4  # failures needed before a formed first batch can stop the run
 MAX_DISTINCT = 20  # distinct messages counted by name; the rest go under one key
 _MAX_LEN = 300
 OTHER = "(other errors)"
@@ -66,8 +67,9 @@ class FailureLog:
         """Stop (ConfigError, exit 2) when more than half of the episodes that reached the
         environment's verdict while the first batch formed (`judged`: failed or ended by the
         environment, not cut by a length budget) failed: checked once `n` have failed, and
-        when the batch is formed. Names the most common error."""
-        if failed == 0 or failed * 2 <= judged or not (formed or failed >= n):
+        when the batch is formed if at least `min(n, MIN_FAILED)` have (one failure of one
+        judged episode is no evidence). Names the most common error."""
+        if failed * 2 <= judged or failed < (min(n, MIN_FAILED) if formed else n):
             return
         message, count = self.most_common()
         raise ConfigError(
