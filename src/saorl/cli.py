@@ -247,7 +247,8 @@ def _add_eval_parser(commands: Any) -> None:
     )
     ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
     ev.add_argument("--limit", type=int, metavar="N", help="the first N held-out problems only")
-    ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (default evals/NAME.jsonl)")
+    ev.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
+    ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (evals/MODEL/NAME.jsonl)")
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
     ev.add_argument(
@@ -463,7 +464,7 @@ def _compare(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("saorl compare: interrupted (rerun the same command to continue)", file=sys.stderr)
         return 130
-    print(index)
+    print(f"{(index.parent / 'arms.txt').read_text()}{index}")  # the arms table, the report
     failed = failed_runs(index.parent)
     if failed:
         print(f"saorl compare: failed runs: {', '.join(failed)} (see {index})", file=sys.stderr)
@@ -500,6 +501,7 @@ def _eval(args: argparse.Namespace) -> int:
             base_url=args.base_url,
             api_key=args.api_key,
             progress=sys.stderr.isatty(),
+            greedy=args.greedy,
             prompt_template=args.prompt_template,
         )
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
@@ -522,4 +524,8 @@ def _print_summary(cfg: Config, summary: dict[str, Any]) -> None:
             continue
         shown = f"{value:.4g}" if isinstance(value, float) else value
         print(printable(f"{key}: {shown}"))
+    if c := summary.get("collapse"):  # the whole run's verdict (eval_drop too)
+        print(printable(f"collapse: {c['signal']} at step {c['detected_step']}: {c['reason']}"))
+    for message, count in (summary.get("errors") or {}).items():
+        print(printable(f"failed episodes: {count} x {message}"))
     print(printable(f"run directory: {run_dir}"))

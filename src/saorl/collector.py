@@ -12,6 +12,7 @@ from typing import Any
 
 from saorl.config import ConfigError
 from saorl.rollout.agent import UNTRAINABLE
+from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -37,6 +38,9 @@ class BatchCollector:
         self.max_restarts, self.restarts = 0, 0
         self.too_long = 0  # prompts that filled the context before any token was generated
         self._too_long_streak = 0
+        self.failures = FailureLog()  # env_error messages, printed once each and counted
+        self.batches = 0  # batches formed; the first one is checked for mostly failures
+        self.recent_failed: list[Trajectory] = []  # the current batch's failures (a few)
 
     def _next(self) -> Trajectory | None:
         for w in self.workers:
@@ -96,6 +100,8 @@ class BatchCollector:
         """`(batch, dropped as too stale, seconds waited, group waits in seconds)`."""
         batch: list[Trajectory] = []
         dropped, waited, group_waits = 0, 0.0, []
+        judged = errored = 0
+        self.recent_failed = []
         while len(batch) < n:
             t0 = time.perf_counter()
             traj = self._next()
@@ -103,6 +109,14 @@ class BatchCollector:
             if traj is None:
                 continue
             self._check_prompt_length(traj, n)
+            self.failures.record(traj)
+            if traj.stop_reason == "env_error":
+                errored += 1
+                if len(self.recent_failed) < 4:
+                    self.recent_failed.append(traj)
+            judged += traj.stop_reason not in ("length", "context", "aborted")
+            if self.batches == 0:
+                self.failures.check_first_batch(errored, judged, n, formed=False)
             members = [traj]
             if self.group_size > 1:
                 g = traj.group_id
@@ -121,4 +135,7 @@ class BatchCollector:
                 self._drop(len(members))
                 continue
             batch.extend(members)
+        if self.batches == 0:
+            self.failures.check_first_batch(errored, judged, n, formed=True)
+        self.batches += 1
         return batch, dropped, waited, group_waits

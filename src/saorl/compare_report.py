@@ -32,12 +32,12 @@ MANIFEST_FILE = "compare.json"
 COLUMNS = (
     "arm", "seed", "status", "initial_eval_accuracy", "final_eval_accuracy",
     "best_eval_accuracy", "best_eval_step", "collapse_step", "collapse_reason", "steps",
-    "wall_seconds", "staleness_mean", "dropped_stale", "error", "overrides",
+    "policy_updates", "wall_seconds", "staleness_mean", "dropped_stale", "error", "overrides",
 )  # fmt: skip
 ARM_COLUMNS = (
     "arm", "runs", "done", "final_mean", "final_std", "final_min", "final_max",
     "initial_mean", "best_mean", "collapsed_frac", "collapse_step_median", "wall_seconds_mean",
-    *COMPONENTS,
+    "policy_updates", *COMPONENTS,
 )  # fmt: skip
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
@@ -97,6 +97,9 @@ def arm_result(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if steps is None and rows:
         steps = max((s for s in (r.get("step") for r in rows) if isinstance(s, int)), default=None)
     row["steps"] = steps
+    # Steps that updated the policy (critic.warmup_steps count within run.total_steps).
+    warm = sum(1 for s, v in zip(*metric_series(rows, "learner/warmup"), strict=True) if s and v)
+    row["policy_updates"] = summary.get("policy_updates", None if steps is None else steps - warm)
     row["wall_seconds"] = summary.get("wall_seconds", _last(rows, "time/wall_s"))
     stale = metric_series(rows, "async/staleness_mean")[1]
     row["staleness_mean"] = sum(stale) / len(stale) if stale else None
@@ -153,7 +156,37 @@ def aggregate(name: str, table: list[dict[str, Any]]) -> dict[str, Any]:
         out[key] = statistics.fmean(values) if values else None
     out["collapsed_frac"] = len(hits) / len(judged) if judged else None
     out["collapse_step_median"] = statistics.median(hits) if hits else None
+    updates = sorted({r["policy_updates"] for r in runs if r.get("policy_updates") is not None})
+    out["policy_updates"] = "-".join(str(u) for u in updates[:: max(1, len(updates) - 1)]) or None
     return out
+
+
+def arms_text(arm_rows: Sequence[dict[str, Any]]) -> str:
+    """The arms table `saorl compare` prints (arms.txt), and a note when the arms made
+    different numbers of policy updates at the same step budget."""
+    lines = [
+        f"{'arm':<18} {'runs':>4} {'final accuracy':>16} {'collapsed':>9} {'policy updates':>14}"
+    ]
+    for a in arm_rows:
+        final = "-" if a.get("final_mean") is None else f"{a['final_mean']:.3f}"
+        if a.get("final_mean") is not None and a.get("runs", 0) > 1:
+            final += f" +- {a['final_std']:.3f}"
+        frac = a.get("collapsed_frac")
+        cells = (
+            a["arm"],
+            a["runs"],
+            final,
+            "-" if frac is None else f"{frac:.0%}",
+            a.get("policy_updates") or "-",
+        )
+        lines.append("{:<18} {:>4} {:>16} {:>9} {:>14}".format(*cells))
+    updates = {a.get("policy_updates") for a in arm_rows if a.get("policy_updates")}
+    if len(updates) > 1:
+        lines.append(
+            "note: the arms made different numbers of policy updates: critic-only steps "
+            "(critic.warmup_steps) count within the step budget"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _csv_value(value: Any) -> Any:
@@ -318,6 +351,7 @@ def write_compare_report(
                      {k: v[0] for k, v in collapses.items()})  # fmt: skip
     _write_csv(out_dir / "summary.csv", table, COLUMNS)
     _write_csv(out_dir / "arms.csv", arm_rows, ARM_COLUMNS)
+    (out_dir / "arms.txt").write_text(arms_text(arm_rows), encoding="utf-8")
     index = out_dir / "index.html"
     index.write_text(_html(out_dir, table, arm_rows, png, manifest), encoding="utf-8")
     return index

@@ -232,9 +232,10 @@ def run_eval(
     concurrency: int = 8,
     progress: bool = True,
     prompt_template: str = "saorl",
+    greedy: bool = False,
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Evaluate `model` on the held-out problems of the config `cfg`; returns (summary,
-    per-problem rows).
+    per-problem rows). `greedy`: argmax decoding (temperature 0 over HTTP) instead of sampling.
 
     The problems are `build_env(cfg.env, held_out_only=True)`'s, the first `limit` of them;
     sampling is `cfg.rollout`'s (temperature, top_p, max_new_tokens, stop), the context
@@ -287,7 +288,7 @@ def run_eval(
                     max_turns=spec.max_turns,
                     max_tool_calls=spec.max_tool_calls,
                     stop=stop,
-                    temperature=roll.temperature,
+                    temperature=0.0 if greedy else roll.temperature,
                     top_p=roll.top_p,
                     max_tokens=roll.max_new_tokens,
                     api_key=api_key,
@@ -303,7 +304,7 @@ def run_eval(
             policy, tokenizer = _load_model(model, cfg.model)
             policy.eval()
             episodes = run_episodes(
-                policy, tokenizer, spec, jobs, cfg, seed=cfg.run.seed, on_done=tick
+                policy, tokenizer, spec, jobs, cfg, greedy=greedy, seed=cfg.run.seed, on_done=tick
             )
             texts = [tokenizer.decode(t.completion_ids, skip_special_tokens=True) for t in episodes]
     stats = per_problem(episodes, k)  # type: ignore[arg-type]
@@ -345,6 +346,7 @@ def run_eval(
         "model": model,
         "problems": len(rows),
         "k": k,
+        "greedy": greedy,
         **template.describe(),
         f"avg@{k}": mean("pass@1"),
         "pass@1": mean("pass@1"),  # = avg@k: the name earlier versions wrote
@@ -359,14 +361,26 @@ def run_eval(
     return summary, rows
 
 
+def model_label(model: str) -> str:
+    """A directory name for `model`: a local path's last two parts (`runs_exp1`,
+    `exp1_final`), else the hub id or name (`Qwen_Qwen3-1.7B`, `builtin_tiny`)."""
+    import re
+
+    path = Path(model)
+    text = "_".join(path.resolve().parts[-2:]) if path.exists() else model
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "model"
+
+
 def write_results(
     model: str, cfg: Config, summary: dict[str, Any], rows: list[dict[str, Any]], out: str | None
 ) -> Path:
     """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path.
 
-    `out` defaults to evals/NAME.jsonl, NAME being the dataset file's stem (env 'math'), the
-    task file's stem or `swe_generated` (env 'swe'), else the env's name (its factory's, for
-    your own env); the summary goes beside it (NAME.summary.json)."""
+    `out` defaults to evals/MODEL/NAME.jsonl, MODEL naming the model evaluated (`model_label`:
+    two evaluations of different models never overwrite each other), NAME being the dataset
+    file's stem (env 'math'), the task file's stem or `swe_generated` (env 'swe'), else the
+    env's name (its factory's, for your own env); the summary goes beside it
+    (NAME.summary.json)."""
     import json
 
     from rich.console import Console
@@ -384,7 +398,7 @@ def write_results(
         summary = {"resolved_rate": summary["accuracy"], **summary}
     elif ":" in env.name:  # your own env ('module:attr', 'file.py:attr'): the attribute's name
         name = env.name.rpartition(":")[2]
-    path = Path(out or f"evals/{name}.jsonl")
+    path = Path(out or f"evals/{model_label(model)}/{name}.jsonl")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))

@@ -84,6 +84,7 @@ class Collected:
     dropped: int = 0  # trajectories dropped as too stale while this batch formed
     waited_s: float = 0.0  # seconds the caller waited for trajectories
     group_waits: list[float] = field(default_factory=list)  # first to last member, per group
+    failed: list[Trajectory] = field(default_factory=list)  # a few env_error ones, for samples
 
 
 @dataclass
@@ -95,6 +96,7 @@ class PoolStats:
     prompt_too_long: int  # prompts that filled the context before a token was generated
     idle_s: float  # seconds an engine had nothing to generate, mean over workers
     tokens_generated: int  # tokens sampled by every engine together
+    errors: dict[str, int] = field(default_factory=dict)  # env_error episodes by message
 
 
 class RolloutPool(Protocol):

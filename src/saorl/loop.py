@@ -42,7 +42,9 @@ from saorl.envs.factory import build_env
 from saorl.learner import NonFiniteError
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
 from saorl.models.loading import resolve_device
+from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
+from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.topology import Topology, build_topology
 from saorl.tracking import check_trackers, open_trackers
@@ -93,6 +95,8 @@ def _fresh_run_dir(output_dir: Path, name: str) -> Path:
 def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
     learner, tokenizer = placed.learner, placed.tokenizer
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
+    check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
+    warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run_plan)
     run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
     run_dir.mkdir(parents=True, exist_ok=True)
     prompt_rng = random.Random(cfg.run.seed)
@@ -238,7 +242,7 @@ def _rl_loop(
             # checkpoint, which resume truncates and redoes; the other order would lose it.
             row_adv = pop_row_advantages(metrics)
             log.log(metrics)
-            samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv)
+            samples.maybe_log(learner.steps, got.trajectories, stale, metrics, row_adv, got.failed)
             ck = cfg.run.checkpoint_every
             if stop or learner.steps == cfg.run.total_steps or (ck and learner.steps % ck == 0):
                 save_step(
@@ -248,6 +252,7 @@ def _rl_loop(
             if stop:
                 stopped_by = "collapse"
                 break
+        errors = pool.stats().errors  # failed episodes by message (saorl.rollout.failures)
     finally:
         pool.close()
     summary = {
@@ -256,7 +261,10 @@ def _rl_loop(
         "final_eval_accuracy_greedy": last_eval["eval/accuracy_greedy"] if last_eval else None,
         "steps": learner.steps,
         "policy_version": learner.version,
+        "policy_updates": policy_updates(cfg, learner.steps),
+        "critic_only_steps": critic_only_steps(cfg, learner.steps),
         "dropped_stale": totals["dropped"],
+        "errors": errors,
         "learner_idle_frac": metrics.get("perf/learner_idle_frac"),
         "rollout_idle_frac": metrics.get("perf/rollout_idle_frac"),
         "stopped_by": stopped_by,

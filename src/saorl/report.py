@@ -13,6 +13,7 @@ run's collapse step (`saorl.collapse.detect_collapse`) as a dotted vertical line
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
@@ -36,6 +37,7 @@ class _Panel:
     unit_range: bool = False  # a fraction of a whole: fix the y axis to [0, 1]
     from_zero: bool = False  # a non-negative quantity: start the y axis at 0
     floor: float | None = None  # clip the bottom of the y axis (early outliers)
+    requires: str | None = None  # drawn only when this key appears (a tool-free run: no tools)
 
 
 _PANELS = (
@@ -49,7 +51,11 @@ _PANELS = (
     _Panel("policy loss", ("loss/policy",)),
     _Panel("value loss", ("loss/value",)),
     _Panel("value/explained_variance", ("value/explained_variance",)),
-    _Panel("tool calls per episode", ("rollout/tool_calls_mean", "eval/tool_calls_mean")),
+    _Panel(
+        "tool calls per episode",
+        ("rollout/tool_calls_mean", "eval/tool_calls_mean"),
+        requires="rollout/tool_calls_mean",  # logged only where the env offers tools
+    ),
     _Panel(
         "DIS masked fraction",
         ("dis/masked_frac", "dis/masked_frac_below", "dis/masked_frac_above"),
@@ -60,19 +66,48 @@ _PANELS = (
         ("async/staleness_mean", "async/staleness_max"),
         from_zero=True,
     ),
-    _Panel("learner idle fraction", ("perf/learner_idle_frac",), unit_range=True),
-    _Panel("rollout throughput (tokens/s)", ("perf/rollout_tokens_per_s",), from_zero=True),
+    _Panel(
+        "learner idle fraction (cumulative since step 1)",
+        ("perf/learner_idle_frac",),
+        unit_range=True,
+    ),
+    _Panel(
+        "rollout throughput (tokens/s, cumulative mean)",
+        ("perf/rollout_tokens_per_s",),
+        from_zero=True,
+    ),
 )
 
 
-def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> Path:
-    """Draw the run's curves into `out_png` (parent directories created); return its path."""
+def plot_run(
+    metrics: list[dict[str, Any]],
+    out_png: Path,
+    title: str = "",
+    collapse: Mapping[str, Any] | None = None,
+) -> Path:
+    """Draw the run's curves into `out_png` (parent directories created); return its path.
+
+    Critic-only steps (`learner/warmup`) are shaded on every panel; a collapse finding
+    (`saorl.collapse`) is a dotted vertical line at its detected step, named in the title."""
+    fig = run_figure(metrics, title, collapse)
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=100)
+    return out_png
+
+
+def run_figure(
+    metrics: list[dict[str, Any]], title: str = "", collapse: Mapping[str, Any] | None = None
+) -> Any:
+    """The matplotlib Figure `plot_run` saves."""
     import matplotlib
 
     matplotlib.use("Agg")
 
     panels = []
     for panel in _PANELS:
+        if panel.requires and not metric_series(metrics, panel.requires)[0]:
+            continue
         lines = [(key, *metric_series(metrics, key)) for key in panel.keys]
         lines = [line for line in lines if line[1]]
         if lines:
@@ -81,9 +116,30 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
     # One step range for every panel, so that sparse evaluations line up with the rest.
     all_steps = [s for _, lines in panels for _, steps, _ in lines for s in steps]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
+    warm = [s for s, v in zip(*metric_series(metrics, "learner/warmup"), strict=True) if v]
+    if collapse:
+        title = (f"{title}: " if title else "") + (
+            f"collapse ({collapse['signal']}) at step {collapse['detected_step']}"
+        )
     fig, nrows, ncols = _grid(len(panels), title, extra_height=0.4)
     for i, (panel, lines) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
+        if warm:
+            ax.axvspan(
+                min(warm) - 0.5,
+                max(warm) + 0.5,
+                color="grey",
+                alpha=0.15,
+                label="critic only (critic.warmup_steps)",
+            )
+        if collapse:
+            ax.axvline(
+                collapse["detected_step"],
+                color="red",
+                linestyle=":",
+                linewidth=1.2,
+                label=f"collapse ({collapse['signal']})",
+            )
         for key, steps, values in lines:
             if panel.smooth and len(values) > 1:
                 ax.plot(steps, values, alpha=0.35, linewidth=1, label=key)
@@ -102,13 +158,9 @@ def plot_run(metrics: list[dict[str, Any]], out_png: Path, title: str = "") -> P
             ax.set_ylim(0, 1.05 * ax.get_ylim()[1])
         if lo < hi:
             ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
-        if len(lines) > 1 or panel.smooth:
+        if len(lines) > 1 or panel.smooth or warm or collapse:
             ax.legend(fontsize=7)
-
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    return out_png
+    return fig
 
 
 def report_run(run_dir: Path, out_png: Path | None = None) -> Path:
@@ -119,7 +171,14 @@ def report_run(run_dir: Path, out_png: Path | None = None) -> Path:
     """
     run_dir = Path(run_dir)
     out_png = run_dir / REPORT_FILE if out_png is None else Path(out_png)
-    return plot_run(_read_run(run_dir), out_png, title=run_dir.name)
+    rows = _read_run(run_dir)
+    # The run's own verdict (its collapse settings) where it wrote one, else the defaults'.
+    summary = run_dir / "summary.json"
+    if summary.is_file():
+        collapse = json.loads(summary.read_text()).get("collapse")
+    else:
+        collapse = detect_collapse(rows)
+    return plot_run(rows, out_png, title=run_dir.name, collapse=collapse)
 
 
 # One panel per question the comparison asks: does it learn (reward, held-out accuracy), how

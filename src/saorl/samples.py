@@ -161,14 +161,19 @@ class SampleLogger:
         staleness: Sequence[int],
         batch_metrics: Mapping[str, Any],
         advantages: Mapping[int, Mapping[str, float]] | None = None,
+        failed: Sequence[Trajectory] = (),
     ) -> list[dict[str, Any]]:
         """At a due step: the dump's rows, appended to samples.jsonl and sent to the trackers.
-        `advantages`: per-row advantage stats (`pop_row_advantages`)."""
+        `advantages`: per-row advantage stats (`pop_row_advantages`); `failed`: episodes that
+        failed while the batch formed (not trained), dumped after the batch's rows with
+        `index` null and their `error` and `traceback` in `info`."""
         if not self.due(step):
             return []
         adv = advantages or {}
         rows = [sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics, adv.get(i))
                 for i, t in enumerate(trajectories[: self.count])]  # fmt: skip
+        for t in failed:
+            rows.append({**sample_row(self.tokenizer, t, step, 0, 0, {}), "index": None})
         with self.path.open("a", encoding="utf-8") as f:
             f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         self.log.log_samples(rows, step)

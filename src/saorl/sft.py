@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,6 +99,14 @@ def _supervised_steps(
     policy: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
 ) -> None:
     lc = cfg.learner
+    if spec.demo is None and "sft_steps" not in lc.model_fields_set:
+        # Left at its default (made for the built-in tasks): start RL from the model as it is.
+        print(
+            f"saorl: env {cfg.env.name!r} has no demonstrations: no supervised warm-up "
+            "(learner.sft_steps applies to the built-in tasks)",
+            file=sys.stderr,
+        )
+        return
     if spec.demo is None:
         raise ConfigError(
             f"learner.sft_steps={lc.sft_steps}: env {cfg.env.name!r} has no demonstrations for "

@@ -350,3 +350,17 @@ def test_the_python_api_takes_a_prompt_template(tmp_path):
                              *FAST, "model.max_seq_len=128"],
                              limit=1, prompt_template="boxed")  # fmt: skip
     assert summary["prompt_template"] == "boxed" and "maj@1" in summary
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_greedy_eval_gives_every_sample_the_same_text(greedy):
+    from tests.conftest import tiny_config
+
+    cfg = tiny_config("rollout.max_new_tokens=6", "rollout.temperature=1.0")
+    summary, rows = run_eval("builtin:tiny", cfg, k=4, limit=6, progress=False, greedy=greedy)
+    assert summary["greedy"] is greedy
+    distinct = [len({s["text"] for s in r["samples"]}) for r in rows]
+    if greedy:
+        assert distinct == [1] * 6
+    else:  # sampling from a random model: some problem's samples differ
+        assert max(distinct) > 1

@@ -65,6 +65,9 @@ def test_train_math_with_python_function_tools(tmp_path: Path) -> None:
     path = tmp_path / "plain.jsonl"
     path.write_text("".join(json.dumps({"problem": f"{i}+{i}?", "answer": str(2 * i)}) + "\n"
                             for i in range(12)))  # fmt: skip
+    # The tool instructions and schemas make a 190-token prompt: 96 would leave no room (stopped
+    # before step 1 since issue 27; it used to train on empty rollouts).
     summary = _train(tmp_path, path, "env.use_tool=true", "env.tool_format=hermes",
-                     f'env.tools=["{tmp_path / "tools.py"}:add"]')  # fmt: skip
+                     f'env.tools=["{tmp_path / "tools.py"}:add"]',
+                     "model.max_seq_len=256")  # fmt: skip
     assert summary["steps"] == 2

@@ -107,6 +107,24 @@ def test_train_calls_loop_and_prints_run_dir(
     assert "eval/accuracy: 0.5" in out
 
 
+def test_printed_summary_names_a_collapse_and_failed_episodes(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    finding = {
+        "signal": "eval_drop",
+        "detected_step": 40,
+        "step": 30,
+        "reason": "eval/accuracy 0.2 < 0.5 x best 0.9",
+    }
+    errors = {"step: RewardFunctionError: reward function f raised KeyError: 'x'": 3}
+    _fake_loop(monkeypatch, {"collapse": finding, "errors": errors, "policy_updates": 0})
+    assert main(["train", "run.output_dir=out"]) == 0
+    out = capsys.readouterr().out
+    assert "collapse: eval_drop at step 40: eval/accuracy 0.2 < 0.5 x best 0.9" in out
+    assert "failed episodes: 3 x step: RewardFunctionError: reward function f raised" in out
+    assert "policy_updates: 0" in out
+
+
 def test_train_without_run_dir_in_summary(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -226,3 +244,21 @@ def test_python_m_saorl(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "algorithm.eps_low: must be > 0, got -0.1" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_eval_results_of_two_models_do_not_overwrite_each_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from saorl.evaluation import model_label, write_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    cfg = load_config(None, ["env.name=math", "env.dataset=math500"])
+    first = write_results("runs/a", cfg, {"accuracy": 0.5}, [{"key": "p1", "reward": 1}], None)
+    second = write_results("Qwen/Qwen3-1.7B", cfg, {"accuracy": 0.25}, [], None)
+    assert first == Path("evals/runs_a/math500.jsonl") and first.read_text().count("\n") == 1
+    assert second == Path("evals/Qwen_Qwen3-1.7B/math500.jsonl")
+    assert json.loads(first.with_suffix(".summary.json").read_text()) == {"accuracy": 0.5}
+    assert model_label("builtin:tiny") == "builtin_tiny"

@@ -331,7 +331,9 @@ def test_cli_compare(fake: FakeTrainer, tmp_path: Path, capsys: pytest.CaptureFi
     argv = ["compare", "--arms", "sao,boom:learner.lr=1e-5", "--out", str(out), "--steps", "20"]
     assert main([*argv, "run.seed=3", "--push-every", "2"]) == 1  # an arm failed
     captured = capsys.readouterr()
-    assert captured.out.strip() == str(out / "index.html")
+    table, *_, index = captured.out.strip().splitlines()  # the arms table, then the report
+    assert table.split() == ["arm", "runs", "final", "accuracy", "collapsed", "policy", "updates"]
+    assert index == str(out / "index.html") and "\nsao " in captured.out
     assert "failed runs: boom" in captured.err
     assert [(n, c.run.seed, c.learner.push_every) for n, _, c in fake.calls] == [
         ("sao", 3, 2),
@@ -506,3 +508,23 @@ def test_arm_paths_outside_the_bmp_round_trip(tmp_path):
     cfg = load_config(None, run.overrides)
     assert cfg.run.output_dir == str(out)
     assert cfg.run.name == "sao"
+
+
+def test_arms_table_states_unequal_policy_updates(tmp_path: Path) -> None:
+    from saorl.compare_report import write_compare_report
+
+    _write_run(tmp_path / "grpo", steps=100)
+    _write_run(tmp_path / "sao", steps=100)
+    rows = [json.loads(x) for x in (tmp_path / "sao/metrics.jsonl").read_text().splitlines()]
+    for row in rows:  # the first 10 steps trained the critic only
+        row["learner/warmup"] = float(row["step"] <= 10)
+    (tmp_path / "sao/metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_compare_report(tmp_path, ["sao", "grpo"])
+    text = (tmp_path / "arms.txt").read_text().splitlines()
+    assert text[1].split()[0] == "sao" and text[1].split()[-1] == "90"
+    assert text[2].split()[0] == "grpo" and text[2].split()[-1] == "100"
+    assert text[3].startswith("note: the arms made different numbers of policy updates")
+    assert _read_csv(tmp_path / "summary.csv")["sao"]["policy_updates"] == "90"
+    _write_run(tmp_path / "sao", steps=100)  # equal now: no note
+    write_compare_report(tmp_path, ["sao", "grpo"])
+    assert "note:" not in (tmp_path / "arms.txt").read_text()

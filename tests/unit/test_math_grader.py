@@ -25,7 +25,7 @@ from saorl.envs.math_normalize import count_alternatives, normalize_answer
 
 needs_math_verify = pytest.mark.skipif(
     not math_grader._math_verify_installed(),
-    reason="math-verify not installed: pip install 'saorl[math]'",
+    reason="math-verify not installed (a base dependency: pip install -e .)",
 )
 
 
@@ -661,3 +661,12 @@ def test_argument_errors() -> None:
         grade("\\boxed{1}", "  ")
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         grade("\\boxed{1}", "1", timeout_s=0)
+
+
+def test_math_verify_is_a_base_dependency() -> None:
+    """The math env grades with math-verify: a plain `pip install saorl` must bring it."""
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]
+    assert any(d.startswith("math-verify") for d in project["dependencies"])

@@ -227,3 +227,29 @@ def test_train_progress_live_display_runs(
     captured = capsys.readouterr()
     assert "eval acc 0.250" in captured.out
     assert "step " not in captured.err  # no plain lines in live mode
+
+
+def test_run_figure_shades_critic_only_steps_marks_collapse_and_skips_tool_calls() -> None:
+    from saorl.report import run_figure
+
+    rows = _synthetic_rows()
+    for row in rows[:8]:
+        row["learner/warmup"] = 1.0
+    for row in rows:  # a tool-free env logs eval/tool_calls_mean (0) but no rollout one
+        row["eval/tool_calls_mean"] = 0.0
+    finding = {"signal": "eval_drop", "detected_step": 30, "step": 20, "reason": "r"}
+    fig = run_figure(rows, "demo", collapse=finding)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "tool calls per episode" not in titles
+    assert "learner idle fraction (cumulative since step 1)" in titles
+    assert "rollout throughput (tokens/s, cumulative mean)" in titles
+    assert fig._suptitle.get_text() == "demo: collapse (eval_drop) at step 30"
+    for ax in fig.axes:
+        (span,) = ax.patches  # the critic-only phase, steps 1-8
+        assert span.get_label() == "critic only (critic.warmup_steps)"
+        assert (span.get_x(), span.get_x() + span.get_width()) == (0.5, 8.5)
+        marks = [ln for ln in ax.lines if ln.get_label() == "collapse (eval_drop)"]
+        assert len(marks) == 1 and list(marks[0].get_xdata()) == [30, 30]
+    rows = _synthetic_rows()
+    rows[0]["rollout/tool_calls_mean"] = 1.0
+    assert "tool calls per episode" in [ax.get_title() for ax in run_figure(rows).axes]

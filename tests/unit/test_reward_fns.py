@@ -166,3 +166,147 @@ def test_task_columns() -> None:
         "question": "p", "x": 2,
     }  # fmt: skip
     assert task_columns(7) == {}
+
+
+FORMS = textwrap.dedent("""
+    seen = {}
+
+    def trl_style(prompts, completions, answer, **kwargs):
+        seen["trl"] = {"prompts": prompts, "completions": completions, "answer": answer, **kwargs}
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    async def trl_chat(completions, **kwargs):
+        seen["chat"] = completions
+        return [len(completions[0][0]["content"]) / 10]
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen["verl"] = (data_source, solution_str, ground_truth, extra_info)
+        return {"score": float(ground_truth in solution_str), "acc": 1.0, "pred": "x"}
+
+    def verl_float(data_source, solution_str, ground_truth, extra_info=None):
+        return 0.25
+
+    def trl_scalar(completions, **kwargs):
+        return 1.0
+
+    def kw_list(**kwargs):
+        return [0.5]
+
+    def positional_only(completion, /):
+        return 1.0
+""")
+
+# Rows in TRL's conversational layout (prompt messages) and verl's (reward_model.ground_truth).
+ROWS_ENV = textwrap.dedent("""
+    from saorl import EnvSpec, StepResult, TaskList
+
+    class OneTurn:
+        offload = False
+        tools = [{"type": "function", "function": {"name": "lookup"}}]
+
+        async def reset(self, task):
+            return list(task["prompt"])
+
+        async def step(self, action_text):
+            return StepResult(done=True)
+
+    def make():
+        rows = [{"prompt": [{"role": "user", "content": "6*7?"}], "data_source": "toy",
+                 "reward_model": {"ground_truth": "42"}, "extra_info": {"i": 0}, "answer": "42"}]
+        return EnvSpec(TaskList(rows, rows), OneTurn)
+""")
+
+
+def _forms_env(tmp_path: Path, fns: list[str], *extra: str):
+    (tmp_path / "forms.py").write_text(FORMS)
+    (tmp_path / "rows_env.py").write_text(ROWS_ENV)
+    names = ", ".join(f'"{tmp_path}/forms.py:{f}"' for f in fns)
+    cfg = load_config(
+        None, [f"env.name={tmp_path}/rows_env.py:make", f"env.reward_fns=[{names}]", *extra]
+    )
+    spec = build_env(cfg.env)
+    return spec.make_env(), spec.task.train[0]
+
+
+def _seen(tmp_path: Path) -> dict:
+    from saorl.envs.custom import load_reference
+
+    return load_reference(f"{tmp_path}/forms.py:seen")
+
+
+def test_trl_form_gets_a_batch_of_one_and_returns_a_list(tmp_path: Path) -> None:
+    (tmp_path / "forms.py").write_text(FORMS)
+    envs = tmp_path / "two_turns.py"
+    envs.write_text(TWO_TURNS)
+    cfg = load_config(
+        None, [f"env.name={envs}:make", f'env.reward_fns=["{tmp_path}/forms.py:trl_style"]']
+    )
+    spec = build_env(cfg.env)
+    last = play(spec.make_env(), spec.task.train[0])[-1]
+    assert last.reward == 1.0 and last.info["reward/trl_style"] == 1.0
+    seen = _seen(tmp_path)["trl"]
+    # Standard (text) rows: strings; every column a list of one.
+    assert seen["prompts"] == ["q"] and seen["completions"] == [" 42 "]
+    assert seen["answer"] == ["42"] and seen["id"] == [1] and seen["question"] == ["q"]
+
+
+def test_trl_conversational_and_verl_forms(tmp_path: Path) -> None:
+    env, task = _forms_env(tmp_path, ["trl_chat", "compute_score", "verl_float"])
+    (last,) = play(env, task, turns=("it is 42",))
+    seen = _seen(tmp_path)
+    assert seen["chat"] == [[{"role": "assistant", "content": "it is 42"}]]
+    assert seen["verl"] == ("toy", "it is 42", "42", {"i": 0})
+    assert last.info["reward/trl_chat"] == 0.8 and last.info["reward/compute_score"] == 1.0
+    assert last.info["reward/compute_score/acc"] == 1.0  # the dict's other numbers, logged
+    assert "reward/compute_score/pred" not in last.info
+    assert last.reward == pytest.approx(0.8 + 1.0 + 0.25)
+
+
+def test_declared_form_and_wrong_returns(tmp_path: Path) -> None:
+    env, task = _forms_env(tmp_path, ["trl_scalar"])
+    with pytest.raises(RewardFunctionError, match=r"TRL form\) returned 1.0; expected a list"):
+        play(env, task, turns=("x",))
+    # Nothing in the signature says TRL: declared, the list is read as TRL's.
+    env, task = _forms_env(tmp_path, ["kw_list"])
+    with pytest.raises(RewardFunctionError, match=r"returned \[0.5\]; expected a finite float"):
+        play(env, task, turns=("x",))
+    env, task = _forms_env(tmp_path, ["kw_list"], "env.reward_signature=trl")
+    assert play(env, task, turns=("x",))[-1].reward == 0.5
+    with pytest.raises(ConfigError, match=r"positional-only"):
+        _forms_env(tmp_path, ["positional_only"])
+
+
+def test_missing_column_is_a_config_error_at_build(tmp_path: Path, rewards_file) -> None:
+    # `exact` names `answer`; these rows have none.
+    (tmp_path / "rows.py").write_text(
+        "from saorl import EnvSpec, TaskList\n"
+        "def make():\n    rows = [{'question': 'q', 'solution': '1'}]\n"
+        "    return EnvSpec(TaskList(rows, rows), object)\n"
+    )
+    cfg = load_config(
+        None, [f"env.name={tmp_path}/rows.py:make", f'env.reward_fns=["{rewards_file}:exact"]']
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"exact\(\) requires answer, .*columns: question, "
+        r"solution\)",
+    ):
+        build_env(cfg.env)
+
+
+def test_the_wrapper_forwards_tools_to_the_chat_template(tmp_path: Path) -> None:
+    from saorl.models.tokenizer import build_char_tokenizer
+    from saorl.rollout.agent import ChatCodec
+
+    env, task = _forms_env(tmp_path, ["verl_float"])
+    assert env.tools == [{"type": "function", "function": {"name": "lookup"}}]
+    tok = build_char_tokenizer(with_newlines=True)
+    tok.chat_template = (
+        "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.content }}{% endfor %}"
+    )
+    messages = asyncio.run(env.reset(task))
+    prompt = tok.decode(ChatCodec(tok).prompt_ids(messages, env.tools))
+    assert prompt == "[lookup]6*7?"
+    with pytest.raises(AttributeError):
+        env.no_such_attribute  # noqa: B018

@@ -43,7 +43,8 @@ class ModelConfig(_Section):
     builtin_newlines: bool = Field(
         False,
         description="builtin:tiny only: add newline and tab tokens to the char tokenizer "
-        "(code tasks, env 'swe'); off keeps the default run's 98-token vocabulary",
+        "(code tasks, env 'swe'; on by default for env 'math'); off keeps the default run's "
+        "98-token vocabulary, where a newline reads as <unk>",
     )
     max_seq_len: int = Field(
         64, ge=2, description="context length in tokens (prompt + generated + observations)"

@@ -58,8 +58,15 @@ class EnvConfig(_Section):
     reward_fns: list[str] = Field(
         default_factory=list,
         description="reward functions 'package.module:fn' or 'path/to/file.py:fn' (stored "
-        "absolute) replacing the env's own reward: each gets completion=, messages= and the "
-        "task's dataset columns as keywords, returns a float or None (skipped)",
+        "absolute) replacing the env's own reward, written for saorl (completion=, messages= "
+        "and the row's columns; a float or None), TRL (batched completions=, columns as "
+        "lists; a list) or verl (compute_score(data_source, solution_str, ground_truth, "
+        "extra_info); a float or a dict with 'score'): see env.reward_signature",
+    )
+    reward_signature: Literal["auto", "saorl", "trl", "verl"] = Field(
+        "auto",
+        description="how env.reward_fns are called: 'auto' = from each signature (a "
+        "`completions` or `prompts` parameter: TRL; `solution_str`: verl; else saorl)",
     )
     reward_weights: list[float] = Field(
         default_factory=list,

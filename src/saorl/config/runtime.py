@@ -360,6 +360,16 @@ class Config(_Section):
         return self
 
     @model_validator(mode="after")
+    def _newlines_for_datasets(self) -> Config:
+        # Dataset prompts have newlines (the math env's instructions do): the built-in char
+        # model reads them, rather than <unk>, unless model.builtin_newlines says otherwise.
+        m = self.model
+        builtin_math = self.env.name == "math" and m.name_or_path == "builtin:tiny"
+        if builtin_math and "builtin_newlines" not in m.model_fields_set:
+            m.builtin_newlines = True
+        return self
+
+    @model_validator(mode="after")
     def _check_lora(self) -> Config:
         if self.learner.fsdp and (self.model.lora_rank or self.critic.lora_rank):
             raise ValueError(

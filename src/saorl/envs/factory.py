@@ -42,6 +42,22 @@ def _load(cfg: EnvConfig, key: str) -> list[Any]:
                          require_answer=not cfg.reward_fns)  # fmt: skip
 
 
+def held_out_size(cfg: EnvConfig, rows: int, need_train: bool = True) -> int:
+    """How many of `env.dataset`'s last rows are held out for evaluation (no `env.eval_dataset`).
+
+    `env.eval_size` as set; left at its default, a tenth of a small file (at least 1, at most
+    the default), and the config records it so the run's config.toml (and `saorl eval` from it)
+    holds out the same rows."""
+    if "eval_size" not in cfg.model_fields_set:
+        cfg.eval_size = min(cfg.eval_size, max(1, rows // 10))
+    if need_train and cfg.eval_size >= rows:
+        raise ConfigError(
+            f"env.eval_size={cfg.eval_size} holds out every one of env.dataset's {rows} rows, "
+            "leaving none to train on; lower env.eval_size or give env.eval_dataset"
+        )
+    return cfg.eval_size
+
+
 def _ungraded(response: str, reference: str) -> float:
     """The math grader's stand-in when `env.reward_fns` score the episode instead."""
     return 0.0
@@ -98,7 +114,8 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             train, held_out = _load(cfg, "dataset"), _load(cfg, "eval_dataset")[: cfg.eval_size]
         else:
             problems = _load(cfg, "dataset")
-            train, held_out = problems[: -cfg.eval_size], problems[-cfg.eval_size :]
+            size = held_out_size(cfg, len(problems), need_train=not held_out_only)
+            train, held_out = problems[:-size], problems[-size:]
         functions = None
         if cfg.tools:
             from saorl.envs.tools import FunctionTools

@@ -50,7 +50,8 @@ Decisions (the brief is silent on these):
   `python -c`, `python -` and unguarded scripts. Its address space is capped (a blow-up raises
   MemoryError there, graded 0); it exits when this process does; a forked child of this
   process starts its own.
-- Without math-verify installed the slow path grades 0 and warns once naming `saorl[math]`.
+- Without math-verify (a base dependency; a broken install) the slow path grades 0 and warns
+  once.
 """
 
 from __future__ import annotations
@@ -139,7 +140,7 @@ def _warn_unavailable(reason: str) -> None:
         _warned = True
         warnings.warn(
             f"{reason}: answers not decided by string/number comparison are graded 0. "
-            "Install the extra: pip install 'saorl[math]'",
+            "math-verify is a dependency of saorl: reinstall it (pip install -e .)",
             RuntimeWarning,
             stacklevel=4,
         )

@@ -112,7 +112,7 @@ class WorkerPool:
         trajs, dropped, waited, group_waits = self.collector.collect(version, n, max_staleness)
         self.feed.consume()  # the learner took a batch: admit the next one
         self._since_collect = time.perf_counter()
-        return Collected(trajs, dropped, waited, group_waits)
+        return Collected(trajs, dropped, waited, group_waits, self.collector.recent_failed)
 
     def update_weights(self) -> None:
         state = self.learner.policy_state()
@@ -128,7 +128,7 @@ class WorkerPool:
             idle += self._sync_idle_s + time.perf_counter() - self._since_collect
         c = self.collector
         tokens = sum(w.engine.tokens_generated for w in self.workers)
-        return PoolStats(c.failed, c.restarts, c.too_long, idle, tokens)
+        return PoolStats(c.failed, c.restarts, c.too_long, idle, tokens, dict(c.failures.counts))
 
     def close(self) -> None:
         for w in self.workers:

@@ -37,6 +37,7 @@ from typing import Any
 from saorl.envs.base import Env, StepResult, task_key
 from saorl.rollout.agent import ChatCodec, Episode
 from saorl.rollout.engine import Completion, Engine, GenerationRequest
+from saorl.rollout.failures import failure_info
 from saorl.types import Trajectory
 
 
@@ -292,7 +293,7 @@ class RolloutWorker:
             return self._emit(ep, "env_error")
         except Exception as e:
             ep = Episode(env, task, [], [], group_id=group_id)
-            ep.info["error"] = f"reset: {type(e).__name__}: {e}"
+            ep.info.update(failure_info("reset", e))
             return self._emit(ep, "env_error")
         tools = list(getattr(env, "tools", None) or ()) or None  # schemas for the template
         ids = self.codec.prompt_ids(messages, tools)
@@ -360,7 +361,7 @@ class RolloutWorker:
             try:
                 result = fut.result()
             except Exception as e:
-                ep.info["error"] = f"step: {type(e).__name__}: {e}"
+                ep.info.update(failure_info("step", e))
                 self._emit(ep, "env_error")
                 continue
             self._on_env_result(ep, c, result)
