@@ -23,7 +23,8 @@ equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or 
 `learner.micro_batch_tokens > 0` rows packed into one row without padding up to that many tokens
 (`saorl.models.packing`).
 
-Steps 1-3 belong to the critic's `saorl.critic_updater.CriticUpdater` (in this process, or in
+Step 4 is `saorl.policy_step.PolicyUpdate`, this class's base (mini-batches, micro-batches,
+the loss and its log-prob diagnostics). Steps 1-3 belong to the critic's `saorl.critic_updater.CriticUpdater` (in this process, or in
 a Ray actor of its own: `saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
 run while this class runs step 4, on a thread of their own; the step's numbers are the same.
 
@@ -45,7 +46,6 @@ CPU anyway).
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,27 +55,19 @@ from torch import nn
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
 from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
-from saorl.corrections import finish_gaps, gap_sums, lab_keys, policy_correction
+from saorl.corrections import finish_gaps, lab_keys
 from saorl.critic_updater import (
     CriticUpdater,
     concurrent_critic,
     critic_device,
     plan_rows,
-    share,
 )
 from saorl.evaluation import evaluate_policy
-from saorl.losses import (
-    dis_policy_loss,
-    logprob_mismatch,
-    masked_aggregate,
-    positive_lm_loss,
-    ppo_clip_policy_loss,
-    sampler_kl_penalty,
-)
 from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.lora import add_lora, merged_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
+from saorl.policy_step import PolicyUpdate
 from saorl.samples import row_advantages, samples_due
 from saorl.sft import supervised_warmup
 from saorl.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
@@ -90,7 +82,7 @@ class NonFiniteError(RuntimeError):
     """Too many learner steps in a row had a non-finite gradient."""
 
 
-class Learner:
+class Learner(PolicyUpdate):
     """Owns the policy, the critic and their optimizers; `step(batch)` does one SAO step.
 
     This is the learner of one process, and also each rank's learner when sharded (pass the
@@ -249,154 +241,6 @@ class Learner:
                 packed=self.cfg.learner.micro_batch_tokens > 0,
                 lengths=mb.lengths,
             )
-
-    def _update_policy(
-        self,
-        b: Batch,
-        lengths: list[int],
-        micro: list[MicroBatch],
-        advantages: torch.Tensor,
-        m: StepMetrics,
-        flags: StepFlags,
-    ) -> dict[str, float]:
-        """`algorithm.minibatches` policy optimizer steps, one per mini-batch of rows.
-
-        Each token's ratio is taken against a reference: for DIS the log-probs the engine
-        recorded when it sampled the token; for PPO clip the old policy, i.e. these weights at
-        the start of the step, recomputed here (docs/design.md section 1). Whether each
-        optimizer step was taken goes into `flags.policy_stepped`, for `step` to settle.
-        """
-        algo = self.cfg.algorithm
-        if algo.policy_loss == "ppo_clip":
-            self.policy.eval()
-            with torch.no_grad():
-                reference = self.sharding.map_rows(b, micro, self._logprobs)
-        else:
-            reference = b.rollout_logprobs
-        # Rows whose outcome counts as correct, for VAPO's positive-example LM loss.
-        positive = (b.scores >= algo.lm_loss_min_reward).to(b.action_mask.dtype)
-        if algo.lm_loss_coef:
-            m.set("lm/positive_frac", positive.mean())
-        self.policy.train()
-        n_mb = min(algo.minibatches, b.size)  # a short batch gets no empty mini-batch
-        bounds = [round(i * b.size / n_mb) for i in range(n_mb + 1)]
-        last: dict[str, float] = {}
-        pending = flags.policy_stepped  # flags of the steps taken here, not yet settled
-        warm = self.cfg.learner.lr_warmup_steps
-        for i, (lo, hi) in enumerate(itertools.pairwise(bounds)):
-            part = b.select(slice(lo, hi))
-            part_pos = part.action_mask * positive[lo:hi, None]
-            # The policy version now: a device tensor while some steps are unsettled.
-            version = self.version + sum(ok.long() for ok in pending) if pending else self.version
-            for mb in self._micro_batches(lengths[lo:hi]):
-                adv, ref, pos = (x[lo:hi][mb.rows] for x in (advantages, reference, positive))
-                pair = (pos, part_pos)
-                with replay_routing(self.replay, part.select(mb.rows)):  # and layers' recompute
-                    self._policy_micro_step(part, mb, adv, ref, pair, 1.0 / n_mb, m, version)
-            last["policy/lr"] = self.policy_opt.param_groups[0]["lr"]
-            norm, ok = self.sharding.optimizer_step(
-                self.policy_params, self.policy_opt, self.cfg.learner.grad_clip
-            )
-            pending.append(ok)
-            m.set("policy/grad_norm", norm)
-            if i + 1 < n_mb and warm and self.policy_sched.last_epoch + 1 < warm:
-                # In the lr warm-up the next mini-batch's lr depends on this step: read now.
-                self._settle([bool(ok)])
-                pending.clear()
-        return last
-
-    def _policy_micro_step(
-        self,
-        part: Batch,
-        mb: MicroBatch,
-        advantages: torch.Tensor,
-        reference: torch.Tensor,
-        positive: tuple[torch.Tensor, torch.Tensor],
-        scale: float,
-        m: StepMetrics,
-        version: int | torch.Tensor,
-    ) -> None:
-        """Forward and backward of the policy loss on micro-batch `mb` of mini-batch `part`,
-        weighted by its share of `part`; metrics weighted by that share times `scale`.
-        `version`: the policy's version (a device tensor while earlier steps are unsettled)."""
-        algo = self.cfg.algorithm
-        x = part.select(mb.rows)
-        mask = x.action_mask
-        w = share(mask, part.action_mask, algo.loss_agg) * mb.weight
-        logprobs, entropy = self._logprobs(x, return_entropy=True)
-        # algorithm.correction: per-token weights from the trainer/engine ratio (corrections.py)
-        trainer = reference if algo.policy_loss == "ppo_clip" else logprobs
-        weights, cm = policy_correction(algo, trainer, x.rollout_logprobs, mask)
-        if algo.policy_loss == "dis":
-            loss, pm = dis_policy_loss(
-                logprobs,
-                reference,
-                advantages,
-                mask,
-                eps_low=algo.eps_low,
-                eps_high=algo.eps_high,
-                agg=algo.loss_agg,
-                tensors=True,
-                token_weights=weights,
-            )
-        elif algo.policy_loss == "ppo_clip":
-            loss, pm = ppo_clip_policy_loss(
-                logprobs,
-                reference,
-                advantages,
-                mask,
-                eps_low=algo.clip_eps_low,
-                eps_high=algo.clip_eps_high,
-                agg=algo.loss_agg,
-                tensors=True,
-                token_weights=weights,
-            )
-        else:
-            raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
-        # Aggregated like the loss, so that weighting by the share sums to the batch value.
-        ent = masked_aggregate(entropy, mask, algo.loss_agg)
-        if algo.entropy_coef:
-            loss = loss - algo.entropy_coef * ent
-        if algo.kl_coef:  # optional penalty: k3 estimate of KL(rollout || current)
-            kl = sampler_kl_penalty(logprobs, x.rollout_logprobs, mask, algo.loss_agg)
-            loss = loss + algo.kl_coef * kl
-        total = loss * w
-        if algo.lm_loss_coef:  # weighted by mb's share of the correct rows' tokens of `part`
-            lm, _ = positive_lm_loss(logprobs, mask, positive[0], algo.loss_agg, tensors=True)
-            w_lm = share(mask * positive[0][:, None], positive[1], algo.loss_agg) * mb.weight
-            total = total + algo.lm_loss_coef * lm * w_lm
-            m.add("loss/lm", lm.detach() * w_lm, scale)
-        total.backward()
-        pm["policy/entropy"] = ent.detach()
-        pm.update(cm)
-        for key, value in pm.items():
-            # A filler pass (weight 0) reruns a row of this batch: harmless for min and max.
-            if key == "dis/ratio_min":
-                m.low(key, value)
-            elif key == "dis/ratio_max":
-                m.high(key, value)
-            else:
-                m.add(key, value * w, scale)
-        # Engine/learner log-prob agreement, which DIS relies on, on the tokens the policy held
-        # here sampled (older ones would measure staleness); finished by `_finish_mismatch`.
-        current = mask.bool() & (x.versions == version)
-        mm = logprob_mismatch(logprobs.detach(), x.rollout_logprobs, current, tensors=True)
-        n = mm["mismatch/tokens"] * mb.weight
-        m.add("mismatch/tokens", n)
-        m.add("mismatch/k3_sum", mm["mismatch/k3"] * n)
-        m.high("mismatch/max_abs_logprob_diff", mm["mismatch/max_abs_logprob_diff"])
-        # The gap by staleness (0: pure mismatch) and by position (corrections.gap_sums).
-        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
-        diff = logprobs.detach() - x.rollout_logprobs
-        for key, value in gap_sums(diff, mask, version - x.versions, positions).items():
-            m.add(key, value * mb.weight)
-
-    @staticmethod
-    def _finish_mismatch(metrics: dict[str, Any]) -> None:
-        n, k3_sum = metrics["mismatch/tokens"], metrics.pop("mismatch/k3_sum")
-        metrics["mismatch/k3"] = k3_sum / n if n else None  # null when no token was on-policy
-        if not n:
-            metrics["mismatch/max_abs_logprob_diff"] = None
 
     def _check_nonfinite(self, skipped_before: int) -> None:
         """Count learner steps in a row that skipped an update; stop after too many.
