@@ -421,8 +421,9 @@ def _eval(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
     try:
-        from saorl.evaluation import run_eval, write_results  # imports torch
+        from saorl.evaluation import check_paths, run_eval, write_results  # imports torch
 
+        check_paths(args.model, args.out, served=args.base_url is not None)
         summary, rows = run_eval(args.model, cfg, k=args.k, limit=args.limit,
                                  base_url=args.base_url, api_key=args.api_key,
                                  progress=sys.stderr.isatty(),
