@@ -8,7 +8,10 @@ and check the invariants the reliability tests check once (tests/faults/test_kil
   deterministic: every non-timing column, floats within 1e-6, relative or absolute).
 
 Each kill is either an armed point of the checkpoint writer (`SAORL_FAULT`, see saorl.faults)
-at a random step, or a signal after a random delay. Prints a table and writes JSON:
+at a random step, or a signal after a random delay: SIGKILL, or SIGTERM, which must end the
+run with exit 143 and a checkpoint of the last step it logged (`saorl.signals`). Some of the
+SIGKILL tries first start a second writer on the live run (`--resume`), which must be refused
+with exit 2 (`saorl.run_lock`). Prints a table and writes JSON:
 
     python scripts/fault_campaign.py --kills 40 --out benchmarks/results/fault_campaign.json
 """
@@ -46,7 +49,22 @@ def _one_kill(base: list[str], run_dir: Path, fault: str | float) -> str:
         return "killed" if proc.returncode else "finished before the point"
     proc = subprocess.Popen(saorl_cmd("train", *base, *args), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    time.sleep(fault)
+    time.sleep(abs(fault))
+    if fault < 0:  # SIGTERM: a graceful stop, with a checkpoint of the step it reached
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait()
+        if code == -signal.SIGTERM:  # during start-up, before the handler is installed
+            return "ended during start-up"
+        if code not in (0, 143):
+            raise AssertionError(f"SIGTERM: exit {code}")
+        if code == 143 and metric_rows(run_dir)[-1]["step"] != _check(run_dir, -1):
+            raise AssertionError("SIGTERM: the last step logged was not checkpointed")
+        return "stopped, saved" if code else "finished before the signal"
+    if (run_dir / "metrics.jsonl").exists() and proc.poll() is None and fault > 5:
+        cmd = saorl_cmd("train", "--resume", str(run_dir))
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if proc.poll() is None and second.returncode != 2:
+            raise AssertionError(f"a second writer was not refused: {second.stderr[-2000:]}")
     proc.send_signal(signal.SIGKILL)
     return "killed" if proc.wait() == -signal.SIGKILL else "finished before the signal"
 
@@ -88,8 +106,10 @@ def main() -> int:
             if rng.random() < 0.7:
                 fault: str | float = f"{rng.choice(POINTS)}@{rng.randint(seen + 1, args.steps)}"
                 kind = fault.split("@")[0]
+            elif rng.random() < 0.5:
+                fault, kind = rng.uniform(1.0, 10.0), "SIGKILL at a random time"
             else:
-                fault, kind = rng.uniform(1.0, 10.0), "random time"
+                fault, kind = -rng.uniform(1.0, 10.0), "SIGTERM at a random time"
             outcome = _one_kill(base, run_dir, fault)
             seen = _check(run_dir, seen)
             tally[kind][outcome] += 1

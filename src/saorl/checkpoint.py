@@ -18,10 +18,16 @@ Loading never runs code from the file (a pickle can call any function): every ch
 `critic.init_from` file is read by `load_state_file`, which builds only tensors, plain Python data
 and an explicit allow-list of types, and refuses anything else with `UnsafeCheckpointError`. A
 refused file is never taken for a damaged one: resume stops instead of falling back past it.
+
+`step_X.sha256` holds the SHA-256 of the `.pt` and of the files of its directories, written
+before the `.pt` and checked when they are read (`saorl.checkpoint_digest`): a bit flipped on
+storage makes the checkpoint damaged, not silently trained on. A disk that fills during a save
+raises `DiskFullError` (exit 2) naming the file; the previous checkpoint is untouched.
 """
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -36,6 +42,7 @@ from typing import Any
 
 import torch
 
+from saorl.checkpoint_digest import check, manifest_path, write_manifest
 from saorl.config import ConfigError
 from saorl.faults import kill_if_armed
 
@@ -63,8 +70,13 @@ def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int =
         refused = _unsafe_in(tmp)
         if refused:
             raise TypeError(f"checkpoint state holds objects a resume may not load: {refused}")
+        write_manifest(final, tmp)
         kill_if_armed("checkpoint_rename", step)
         os.replace(tmp, final)
+    except Exception as e:
+        if disk_full(e):
+            raise DiskFullError(_disk_full_message(run_dir, final)) from e
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     # Make the rename itself durable before older checkpoints go away.
@@ -84,10 +96,57 @@ def save_step(
     learner: Any, tokenizer: Any, run_dir: Path, state: dict[str, Any], save_hf: bool
 ) -> None:
     """The checkpoint of `learner`'s current step: its Hugging Face copy first (`save_hf`),
-    then `learner.save`, whose `.pt` commits the step (`saorl.interfaces.Learner`)."""
+    then `learner.save`, whose `.pt` commits the step (`saorl.interfaces.Learner`).
+
+    The metrics rows logged so far are synced to disk first: a crash after the checkpoint can
+    never lose the row of a step it holds (a resume would skip that step for good)."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        _sync_file(run_dir / name)
     if save_hf:
-        learner.export(tokenizer, hf_checkpoint_path(run_dir, learner.steps))
+        hf = hf_checkpoint_path(run_dir, learner.steps)
+        try:
+            learner.export(tokenizer, hf)
+        except Exception as e:
+            if disk_full(e):
+                raise DiskFullError(_disk_full_message(run_dir, hf)) from e
+            raise
     learner.save(run_dir, state)
+
+
+def _sync_file(path: Path) -> None:
+    """fsync `path` (its data written by another open file: fsync works on the file itself)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def disk_full(e: BaseException | None) -> bool:
+    """Whether `e`, or an exception in its chain, says the disk (or the quota) is full; torch's
+    writer reports it as a RuntimeError about `inline_container.cc` with the OSError inside."""
+    seen = 0
+    while e is not None and seen < 20:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(e) or "Disk quota exceeded" in str(e):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def _disk_full_message(run_dir: Path, target: Path) -> str:
+    ckpts = list_checkpoints(run_dir)
+    previous = (
+        f"the previous checkpoint {ckpts[-1]} is intact" if ckpts else "no checkpoint was saved"
+    )
+    return (
+        f"the disk is full: no space left to write {target}; {previous}. Free space, then "
+        f"resume with: saorl train --resume {run_dir}"
+    )
 
 
 def hf_checkpoint_path(run_dir: Path, step: int) -> Path:
@@ -100,11 +159,12 @@ def sharded_checkpoint_path(run_dir: Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step_{step:08d}.dcp"
 
 
-_COMPANION = re.compile(r"^step_(\d{8})\.(hf|dcp)$")
+_COMPANION = re.compile(r"^step_(\d{8})\.(hf|dcp|sha256)$")
 
 
 def _remove_companions(ckpt: Path) -> None:
-    """Delete the directories that belong to checkpoint file `ckpt` (`step_X.hf`, `.dcp`)."""
+    """Delete what belongs to checkpoint file `ckpt` (`step_X.hf`, `.dcp`, `.sha256`)."""
+    manifest_path(ckpt).unlink(missing_ok=True)
     for suffix in (".hf", ".dcp"):
         shutil.rmtree(ckpt.with_suffix(suffix), ignore_errors=True)
 
@@ -147,7 +207,14 @@ class UnsafeCheckpointError(CheckpointError):
 
 
 class DamagedCheckpointError(CheckpointError):
-    """A state file that does not read back (torn write, truncated, garbage, not a dict)."""
+    """A state file that does not read back (torn write, truncated, garbage, not a dict, a
+    digest that differs from the one written at save)."""
+
+
+class DiskFullError(CheckpointError):
+    """The disk filled up while a checkpoint was written (the previous one is intact)."""
+
+    keep_run = True  # the run's folder holds its checkpoints: a failed start must keep it
 
 
 def _allowed_globals() -> list[Any]:
@@ -211,8 +278,10 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
 
     `torch.load(weights_only=True)` builds only tensors, plain Python data and the types of
     `_allowed_globals()`; a file that asks for anything else (a pickle calling a function, an
-    unknown class) raises `UnsafeCheckpointError`, an unreadable one `DamagedCheckpointError`.
+    unknown class) raises `UnsafeCheckpointError`, an unreadable one, or one whose digest
+    differs from the one written at save (`saorl.checkpoint_digest`), `DamagedCheckpointError`.
     """
+    check(Path(path))
     try:
         with torch.serialization.safe_globals(_allowed_globals()), warnings.catch_warnings():
             # a file in a newer pickle protocol is refused or reported below, not warned about
@@ -235,7 +304,9 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
             ) from None
         # torch wraps the unpickler's own words in advice about weights_only=False: keep them
         inner = text.rsplit("WeightsUnpickler error:", 1)[-1].strip()
-        first = inner.splitlines()[0][:300] if inner else ""
+        first = inner.splitlines()[0] if inner else ""
+        if len(first) > 300:  # at a word boundary, marked as cut
+            first = first[:300].rsplit(" ", 1)[0] + " ..."
         raise DamagedCheckpointError(f"{path}: cannot be read ({type(e).__name__}: {first})") from e
     if not isinstance(state, dict):
         raise DamagedCheckpointError(f"{path}: not a saorl state file (holds a "
@@ -364,6 +435,7 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
             shards = path.parent / str(state["sharded"])
             try:
                 read_sharded_metadata(shards)
+                check(shards)
             except DamagedCheckpointError as e:
                 errors.append((path, f"its shards: {str(e).removeprefix(str(shards))}"))
                 continue
@@ -373,7 +445,14 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
     if quarantine:
         for path, why in errors:
             path.rename(path.with_name(path.name + ".damaged"))
+            manifest = manifest_path(path)
+            if manifest.exists():  # kept with it: it says what the file should have held
+                manifest.rename(manifest.with_name(manifest.name + ".damaged"))
             print(f"saorl: {path.name}: {why}; kept as {path.name}.damaged", file=sys.stderr)
+        if errors and found is not None:
+            step = found[1]["step"]
+            why = "the newest checkpoint that reads back"
+            print(f"saorl: resuming from {found[0].name} (step {step}), {why}", file=sys.stderr)
         # Temporary files of a process killed mid-write are never checkpoints, nor are the
         # directories of a step whose .pt was never written.
         _remove_leftovers(run_dir)

@@ -14,8 +14,9 @@ Nothing heavy is imported at module level: `saorl --help`, `saorl train --help`,
 `--print-config` and `--help-config` never import torch; the training loop is imported only
 when a run starts; `saorl report` imports matplotlib only when it draws. Exit codes: 0 success,
 1 `saorl compare` finished but some arm failed (the report still lists it), 2 bad command line,
-config, input file or run directory (message on stderr, no traceback), 3 training stopped
-because too many steps in a row had a NaN/Inf gradient, 130 interrupted.
+config, input file or run directory (message on stderr, no traceback; also a run folder another
+process writes, a full disk), 3 training stopped because too many steps in a row had a NaN/Inf
+gradient, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (`saorl.signals`: after a checkpoint).
 """
 
 from __future__ import annotations
@@ -339,8 +340,10 @@ def _train(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
-    from saorl.checkpoint import list_checkpoints  # imports torch: only when a run starts
+    from saorl import run_lock
+    from saorl.checkpoint import list_checkpoints
     from saorl.learner import NonFiniteError
+    from saorl.signals import SignalExit, exit_code, stopped_message
 
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
         # Refused before anything runs: a folder that is no run is left exactly as it was.
@@ -348,56 +351,32 @@ def _train(args: argparse.Namespace) -> int:
         why = "nothing to resume (start a new run without --resume)"
         return _config_failure(ConfigError(f"--resume: no checkpoint in {where}: {why}"))
     output_dir = Path(cfg.run.output_dir)
-    before = _entries(output_dir)
+    before = run_lock.entries(output_dir)
     try:
         summary = api.train(cfg, resume=args.resume)
     except ConfigError as exc:
-        if args.resume is None:
-            _remove_failed_run(cfg, output_dir, before)
+        if args.resume is None and not getattr(exc, "keep_run", False):
+            run_lock.remove_failed_run(cfg, output_dir, before)
         return _config_failure(exc)
     except NonFiniteError as exc:
         print(f"saorl train: stopped: {exc}", file=sys.stderr)
         return 3
+    except SignalExit as exc:
+        print(f"{exc}\n{run_lock.resume_hint()}", file=sys.stderr)
+        return exc.code
     except KeyboardInterrupt:
         print("saorl train: interrupted", file=sys.stderr)
         return 130
+    except RuntimeError as exc:  # a Ray actor died: what, and where to go on from
+        if type(exc).__name__ != "ActorFailure":
+            raise
+        print(f"saorl train: error: {exc}\n{run_lock.resume_hint()}", file=sys.stderr)
+        return 1
+    if exit_code(summary or {}):
+        print(stopped_message(summary), file=sys.stderr)
+        return exit_code(summary)
     _print_summary(cfg, summary or {})
     return 0
-
-
-def _entries(folder: Path) -> set[str] | None:
-    """The names in `folder` (None: it does not exist)."""
-    try:
-        return {p.name for p in folder.iterdir()}
-    except OSError:
-        return None
-
-
-def _remove_failed_run(cfg: Config, output_dir: Path, before: set[str] | None) -> None:
-    """Remove the run directory a new run created before a bad input stopped it.
-
-    A run stopped by a bad input (exit code 2) trained nothing; leaving its directory would
-    make the next attempt write to `NAME-1`. Only a directory that was not there before, is
-    named like this run (`NAME` or `NAME-<n>`) and holds this run's own config.toml is removed;
-    so is `output_dir` itself when this run created it and it is empty again.
-    """
-    import re
-    import shutil
-
-    name = re.compile(rf"{re.escape(cfg.run.name)}(-\d+)?")
-    for new in sorted((_entries(output_dir) or set()) - (before or set())):
-        run_dir = output_dir / new
-        saved = run_dir / "config.toml"
-        if not (name.fullmatch(new) and run_dir.is_dir() and not run_dir.is_symlink()):
-            continue
-        try:
-            ours = not saved.exists() or saved.read_text() == config_to_toml(cfg)
-        except (OSError, UnicodeDecodeError):
-            ours = False
-        if ours:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    if before is None and _entries(output_dir) == set():
-        output_dir.rmdir()
 
 
 def _ray_overrides(args: argparse.Namespace) -> list[str]:
@@ -491,8 +470,9 @@ def _eval(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
     try:
-        from saorl.evaluation import run_eval, write_results  # imports torch
+        from saorl.evaluation import check_paths, run_eval, write_results  # imports torch
 
+        check_paths(args.model, args.out, served=args.base_url is not None)
         summary, rows = run_eval(
             args.model,
             cfg,

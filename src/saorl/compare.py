@@ -152,6 +152,8 @@ def _run_arm(arm: Arm, cfg: Config, run_dir: Path) -> None:
         moved = _move_aside(run_dir)
         _log(f"{arm.name}: no checkpoint to resume from; moved the partial run to {moved}")
     summary = train_from_config(cfg, resume=resume)
+    if (summary or {}).get("stopped_by") == "signal":  # saved; the whole comparison stops
+        raise KeyboardInterrupt
     if not (run_dir / SUMMARY_FILE).exists():
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / SUMMARY_FILE).write_text(json.dumps(summary or {}, indent=2, default=str))
@@ -236,7 +238,7 @@ def _run_parallel(pending: list[tuple[Run, str]], base_config: Path | None, jobs
             for item in [r for r in running if r[2].poll() is not None]:
                 running.remove(item)
                 run, tag, proc = item
-                done = (run.run_dir / SUMMARY_FILE).exists()
+                done = finished(run.run_dir)
                 if not done and not (run.run_dir / FAILED_FILE).exists():
                     # The process died without recording why (killed, out of memory).
                     log = run.run_dir.parent / f"{run.run_dir.name}.log"
@@ -251,6 +253,18 @@ def _run_parallel(pending: list[tuple[Run, str]], base_config: Path | None, jobs
             proc.terminate()
         for _, _, proc in running:
             proc.wait()
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` ended: a summary.json, unless a signal's stop wrote it (that
+    run has a checkpoint of where it stopped, and is resumed)."""
+    try:
+        summary = json.loads((run_dir / SUMMARY_FILE).read_text())
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    return not (isinstance(summary, dict) and summary.get("stopped_by") == "signal")
 
 
 def _tail(path: Path, chars: int = 4000) -> str:
@@ -295,7 +309,7 @@ def run_compare(
     pending = []
     for i, run in enumerate(runs, 1):
         tag = f"run {i}/{len(runs)} {run.label}"
-        if (run.run_dir / SUMMARY_FILE).exists():
+        if finished(run.run_dir):
             _log(f"{tag}: finished earlier, skipped (delete {run.run_dir} to rerun it)")
             _warn_if_changed(tag, run.run_dir, base_config, run.overrides)
         elif jobs == 1:

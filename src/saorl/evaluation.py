@@ -371,6 +371,37 @@ def model_label(model: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_.") or "model"
 
 
+def check_paths(model: str, out: str | None, served: bool) -> None:
+    """Before `saorl eval` runs anything: refuse an `--out` that cannot take the results, a
+    checkpoint MODEL that no longer exists (pruned by the run that wrote it), and a damaged
+    checkpoint Hugging Face copy (`saorl.checkpoint_digest`)."""
+    from saorl.checkpoint_digest import check
+
+    if out is not None:
+        path = Path(out)
+        if path.is_dir():
+            example = path / "results.jsonl"
+            raise ConfigError(
+                f"--out {out} is a directory; give the JSONL file to write ({example})"
+            )
+        above = next((p for p in path.parents if p.exists()), None)
+        if above is not None and not above.is_dir():
+            raise ConfigError(f"--out {out}: {above} is a file, not a directory")
+    model_path = Path(model)
+    checkpoint = model_path.suffix in (".pt", ".hf") or model_path.parent.name == "checkpoints"
+    if served or not checkpoint:
+        return
+    if not model_path.exists():
+        now = sorted(p.name for p in model_path.parent.glob("step_*.pt"))
+        there = f"; the checkpoints there now: {', '.join(now[-3:])}" if now else ""
+        raise ConfigError(
+            f"{model} no longer exists (a checkpoint deleted since, e.g. by its run keeping only "
+            f"run.keep_last_checkpoints){there}"
+        )
+    if model_path.suffix == ".hf" and model_path.is_dir():
+        check(model_path)
+
+
 def write_results(
     model: str, cfg: Config, summary: dict[str, Any], rows: list[dict[str, Any]], out: str | None
 ) -> Path:

@@ -24,8 +24,9 @@ equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or 
 (`saorl.models.packing`).
 
 Step 4 is `saorl.policy_step.PolicyUpdate`, this class's base (mini-batches, micro-batches,
-the loss and its log-prob diagnostics). Steps 1-3 belong to the critic's `saorl.critic_updater.CriticUpdater` (in this process, or in
-a Ray actor of its own: `saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
+the loss and its log-prob diagnostics). Steps 1-3 belong to the critic's
+`saorl.critic_updater.CriticUpdater` (in this process, or in a Ray actor of its own:
+`saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
 run while this class runs step 4, on a thread of their own; the step's numbers are the same.
 
 This class is written for one process. Sharding over several ranks (FSDP2) changes what

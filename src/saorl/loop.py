@@ -21,6 +21,7 @@ Ray actors, torchrun ranks) and this file does not change with it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -32,7 +33,7 @@ from typing import Any
 import torch
 
 from saorl import interfaces
-from saorl.checkpoint import load_latest_checkpoint, save_step
+from saorl.checkpoint import list_checkpoints, load_latest_checkpoint, save_step
 from saorl.checkpoint_shards import open_sharded
 from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
@@ -44,8 +45,10 @@ from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_m
 from saorl.models.loading import resolve_device
 from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
+from saorl.run_lock import claim_run_dir
 from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
+from saorl.signals import StopSignals
 from saorl.topology import Topology, build_topology
 from saorl.tracking import check_trackers, open_trackers
 from saorl.types import Batch
@@ -65,40 +68,25 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
         if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
             return {}
         try:
-            return _train(cfg, placed, resume)
+            # SIGTERM / Ctrl-C from here on: finish the step, save, stop (`saorl.signals`)
+            with contextlib.ExitStack() as held:
+                stops = held.enter_context(StopSignals(cfg.run.stop_timeout_s))
+                return _train(cfg, placed, resume, stops, held)
         finally:
             placed.learner.close()
     finally:  # process-wide: an in-process caller (tests, the Python API) gets it back as it was
         torch.use_deterministic_algorithms(was_deterministic)
 
 
-def _fresh_run_dir(output_dir: Path, name: str) -> Path:
-    """`output_dir/name`, or `name-1`, `name-2`, ... if a run already lives there.
-
-    A new run never appends to another run's metrics or mixes its checkpoints with them
-    (resuming picks the newest checkpoint); continuing a run is what `--resume` is for.
-    """
-    run_dir = output_dir / name
-    i = 0
-    while (run_dir / "metrics.jsonl").exists() or (run_dir / "checkpoints").exists():
-        i += 1
-        run_dir = output_dir / f"{name}-{i}"
-    if i:
-        print(
-            f"saorl: {output_dir / name} holds an earlier run (continue it with --resume); "
-            f"this run writes to {run_dir}",
-            file=sys.stderr,
-        )
-    return run_dir
-
-
-def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
+def _train(
+    cfg: Config, placed: Topology, resume: str | None, stops: StopSignals, held: Any
+) -> dict[str, Any]:
     learner, tokenizer = placed.learner, placed.tokenizer
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
     check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
     warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run_plan)
-    run_dir = Path(resume) if resume else _fresh_run_dir(Path(cfg.run.output_dir), cfg.run.name)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # The run folder, locked against a second writer until the run ends (`saorl.run_lock`)
+    run_dir = held.enter_context(claim_run_dir(Path(cfg.run.output_dir), cfg.run.name, resume))
     prompt_rng = random.Random(cfg.run.seed)
     started, extra = 0, {}
     state = None
@@ -135,12 +123,24 @@ def _train(cfg: Config, placed: Topology, resume: str | None) -> dict[str, Any]:
             save_step(learner, tokenizer, run_dir, {**rollout_state, **extra}, cfg.run.save_hf)
         t_start = time.perf_counter()
         summary, failure = _rl_loop(
-            cfg, placed, spec, prompt_rng, started, extra, run_dir, log, progress, resumed=state
+            cfg,
+            placed,
+            spec,
+            prompt_rng,
+            started,
+            extra,
+            run_dir,
+            log,
+            progress,
+            resumed=state,
+            stops=stops,
         )
         _write_summary(cfg, run_dir, summary, time.perf_counter() - t_start)
         if failure is not None:  # inside the `with`: the trackers close as failed
             _write_report(run_dir)
             raise failure
+    if summary["stopped_by"] == "signal":  # a stop in bounded time: no final/ export, no report
+        return summary
     learner.export(tokenizer, run_dir / "final")
     _write_report(run_dir)
     return summary
@@ -169,6 +169,7 @@ def _rl_loop(
     log: MetricsLogger,
     progress: TrainProgress,
     resumed: dict[str, Any] | None = None,
+    stops: StopSignals | None = None,
 ) -> tuple[dict[str, Any], NonFiniteError | None]:
     """The RL steps; `(summary, the error that stopped them if a NaN streak did)`."""
     learner, pool, tokenizer = placed
@@ -201,11 +202,18 @@ def _rl_loop(
     detector.replay(read_metrics(run_dir / "metrics.jsonl"))
     announced = _announce(detector, progress, None)
     stopped_by, failure = "total_steps", None
+    saved = learner.steps  # checkpoint 0, or the one resumed from
     try:
         pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
         pushed = learner.version  # the engines start at the learner's weights
         t0 = time.perf_counter()
         while learner.steps < cfg.run.total_steps:
+            if stops is not None and stops.requested(learner):  # every rank agrees on the step
+                if saved != learner.steps:
+                    state = {**pool.snapshot(), **extra}
+                    save_step(learner, tokenizer, run_dir, state, cfg.run.save_hf)
+                stopped_by = "signal"
+                break
             t_step = time.perf_counter()
             got = pool.collect(learner.version, lc.batch_size, lc.max_staleness)
             stale = [t.staleness(learner.version) for t in got.trajectories]
@@ -248,6 +256,7 @@ def _rl_loop(
                 save_step(
                     learner, tokenizer, run_dir, {**pool.snapshot(), **extra}, cfg.run.save_hf
                 )
+                saved = learner.steps
             progress.update(learner.steps, metrics)
             if stop:
                 stopped_by = "collapse"
@@ -270,6 +279,11 @@ def _rl_loop(
         "stopped_by": stopped_by,
         "stop_reason": _stop_reason(stopped_by, detector, failure, cfg),
     }
+    if stopped_by == "signal" and stops is not None:
+        newest = list_checkpoints(run_dir)
+        summary["signal"], summary["total_steps"] = stops.name, cfg.run.total_steps
+        summary["checkpoint"] = newest[-1].name if newest else None
+        summary["stop_reason"] = f"{stops.name}: stopped after step {learner.steps}, saved"
     return summary, failure
 
 

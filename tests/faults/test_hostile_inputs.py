@@ -204,7 +204,8 @@ def test_every_checkpoint_damaged(tmp_path: Path, capsys):
         p.write_bytes(p.read_bytes()[:100])
     code, err = _train(tmp_path, capsys, "--resume", str(run))
     assert code == 2 and "no loadable checkpoint" in err
-    assert len(list((run / "checkpoints").glob("*.damaged"))) == 3  # kept, not deleted
+    assert len(list((run / "checkpoints").glob("*.pt.damaged"))) == 3  # kept, not deleted
+    assert len(list((run / "checkpoints").glob("*.sha256.damaged"))) == 3  # with their digests
 
 
 def test_damaged_latest_checkpoint_resumes_from_previous(tmp_path: Path, capsys):

@@ -99,8 +99,15 @@ def test_missing_shards_are_damage_and_resume_falls_back(tmp_path: Path):
     path, state = load_latest_checkpoint(tmp_path, quarantine=True)
     assert path.name == "step_00000001.pt" and state["step"] == 1
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    # The damaged .pt is kept for a post mortem; its shards, no longer a checkpoint's, go.
-    assert names == ["step_00000001.dcp", "step_00000001.pt", "step_00000002.pt.damaged"]
+    # The damaged .pt (and its digests) are kept for a post mortem; its shards, no longer a
+    # checkpoint's, go.
+    assert names == [
+        "step_00000001.dcp",
+        "step_00000001.pt",
+        "step_00000001.sha256",
+        "step_00000002.pt.damaged",
+        "step_00000002.sha256.damaged",
+    ]
 
 
 def test_saorl_train_resume_refuses_a_malicious_sharded_checkpoint(tmp_path: Path):

@@ -50,7 +50,8 @@ def _names(run: Path) -> list[str]:
 
 def test_each_checkpoint_has_its_policy_in_hf_format(run_dir: Path):
     steps = range(4)  # the checkpoint before RL (step 0), then one per step
-    assert _names(run_dir) == sorted(f"step_{s:08d}{x}" for s in steps for x in (".hf", ".pt"))
+    want = sorted(f"step_{s:08d}{x}" for s in steps for x in (".hf", ".pt", ".sha256"))
+    assert _names(run_dir) == want
     for s in steps:
         hf = hf_checkpoint_path(run_dir, s)
         files = {p.name for p in hf.iterdir()}
@@ -98,7 +99,7 @@ def test_saorl_eval_takes_a_checkpoint_copy_with_the_runs_config(run_dir: Path, 
 
 def test_keep_last_checkpoints_prunes_the_hf_copies_too(tmp_path: Path):
     run = _train(tmp_path, "run.keep_last_checkpoints=2")
-    want = [f"step_{s:08d}{x}" for s in (2, 3) for x in (".hf", ".pt")]
+    want = [f"step_{s:08d}{x}" for s in (2, 3) for x in (".hf", ".pt", ".sha256")]
     assert _names(run) == want
     run = _train(tmp_path, "run.save_hf=false", "run.name=plain")
     assert [p.name for p in list_checkpoints(run)] == [f"step_{s:08d}.pt" for s in (1, 2, 3)]
@@ -114,9 +115,10 @@ def test_resume_deletes_what_a_killed_write_left(run_dir: Path, tmp_path: Path):
     (d / "step_00000009.hf").mkdir()  # exported, then killed before its .pt
     (d / ".step_00000009.hf.tmp.123").mkdir()  # killed while exporting
     (d / ".step_00000009.pt.tmp.123").write_bytes(b"torn")
+    (d / "step_00000009.sha256").write_text("")  # digests written, killed before the rename
     (run / ".final.tmp.123").mkdir()  # killed while exporting final/
     keep = set(_names(run)) - {"step_00000009.hf", ".step_00000009.hf.tmp.123",
-                               ".step_00000009.pt.tmp.123"}  # fmt: skip
+                               ".step_00000009.pt.tmp.123", "step_00000009.sha256"}  # fmt: skip
     path, state = load_latest_checkpoint(run, quarantine=True)
     assert path.name == "step_00000003.pt" and state["step"] == 3
     assert set(_names(run)) == keep

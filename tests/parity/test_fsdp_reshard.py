@@ -40,9 +40,10 @@ def resumed(tmp_path_factory) -> dict[str, dict]:
         result = d / f"{name}_loaded_at_{nproc}.json"
         _torchrun(nproc, "load", str(d), name, str(result))
         out[f"{name[6:]}->{nproc}"] = json.loads(result.read_text())
-    # The checkpoints are what the run directory layout says: a .pt naming its shards.
+    # The checkpoints are what the run directory layout says: a .pt naming its shards, and
+    # the digests of both.
     assert sorted(p.name for p in (d / "saved_at_2" / "checkpoints").iterdir()) == [
-        "step_00000002.dcp", "step_00000002.pt"]  # fmt: skip
+        "step_00000002.dcp", "step_00000002.pt", "step_00000002.sha256"]  # fmt: skip
     assert len(list((d / "saved_at_2" / "checkpoints" / "step_00000002.dcp").glob("*.distcp"))) == 2
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,53 @@ def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     _torchrun("--resume", str(run), "run.total_steps=4", nproc=1)  # another number of ranks
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4 and summary["policy_version"] == 3
+
+
+def _rank_pid(agent: int, rank: int) -> int | None:
+    """The PID of torchrun worker `rank` (a child of the agent process `agent`)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if not entry.name.isdigit() or int((entry / "stat").read_text().split()[3]) != agent:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if f"LOCAL_RANK={rank}".encode() in env:
+            return int(entry.name)
+    return None
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path):
+    """Rank 1 alone gets SIGTERM (its node is preempted): rank 0 hears of it at its next step
+    (`LeaderLearner.agree_stop`), and both ranks write the checkpoint of the step they reached."""
+    import time
+
+    from saorl.checkpoint import load_latest_checkpoint
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "-m", "saorl", "train", *ARGS, f"run.output_dir={tmp_path}", "run.name=t",
+           "run.total_steps=100000", "run.checkpoint_every=0", "run.eval_every=0"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    metrics = tmp_path / "t" / "metrics.jsonl"
+    while proc.poll() is None:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # steps 0, 1, 2
+            break
+        time.sleep(0.1)
+    rank1 = _rank_pid(proc.pid, 1)
+    assert rank1 is not None, proc.communicate()[1][-3000:]
+    os.kill(rank1, signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    run = tmp_path / "t"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stopped_by"] == "signal" and summary["signal"] == "SIGTERM", err[-3000:]
+    step = summary["steps"]
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    assert rows[-1]["step"] == step
+    _, state = load_latest_checkpoint(run)
+    assert state["step"] == step
+    shards = run / "checkpoints" / f"step_{step:08d}.dcp"
+    assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert f"torchrun --nproc_per_node N -m saorl train --resume {run}" in err

@@ -51,6 +51,13 @@ class RunConfig(_Section):
         "(safetensors, config, tokenizer, chat template) to checkpoints/step_N.hf/, loadable by "
         "transformers, vLLM and saorl eval; final/ is written either way",
     )
+    stop_timeout_s: float = Field(
+        300.0,
+        ge=0,
+        description="after SIGTERM or Ctrl-C the run finishes its step and saves a checkpoint; "
+        "if that takes longer than this it exits without one (0 = no limit; a second signal "
+        "always stops at once)",
+    )
     concurrency: Literal["threads", "sync"] = Field(
         "threads",
         description="threads = rollout workers and learner run concurrently; sync = generate "

@@ -8,6 +8,10 @@ unsharded replica of the policy on rank 0, refreshed from the gathered weights w
 policy version has moved. Ray learner actors with `ray.learner_ranks > 1` run the same protocol
 (`saorl.distributed.ray_actors.LearnerActor`).
 
+A SIGTERM or Ctrl-C reaches every rank (torchrun passes it on): rank 0 asks every rank once per
+step (`agree_stop`, an all-reduce of the signal each got), so all stop after the same step and
+save it together (`saorl.signals`); the other ranks only note the signal and follow rank 0.
+
 Checkpoints are sharded: every rank writes its shards with torch.distributed.checkpoint into
 `checkpoints/step_X.dcp/`, then rank 0 writes the `.pt` with the counters and the rollout side
 (`saorl.distributed.dcp`); a resume reads them at any number of ranks.
@@ -32,6 +36,7 @@ from saorl.evaluation import evaluate_policy
 from saorl.learner import Learner
 from saorl.models.loading import replace_dir, save_pretrained
 from saorl.sft import supervised_warmup
+from saorl.signals import StopSignals
 from saorl.types import Batch
 
 
@@ -79,6 +84,11 @@ class LeaderLearner:
         self._replica.load_state_dict(state)
         self._replica_version = self._learner.version
         return state
+
+    def agree_stop(self, signum: int) -> int:
+        """The signal any rank got (0: none), the same on every rank (`saorl.signals`)."""
+        _announce("agree_stop")
+        return _agree(signum, self.device)
 
     def step(self, batch: Batch) -> dict[str, Any]:
         _announce("step", batch)
@@ -139,11 +149,21 @@ class LeaderLearner:
         dist.destroy_process_group()
 
 
-def follow(learner: Learner) -> None:
-    """A rank > 0: make the learner calls rank 0 announces, until it says stop."""
+def _agree(signum: int, device: torch.device) -> int:
+    on = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    flag = torch.tensor([signum], dtype=torch.int64, device=on)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def follow(learner: Learner, stops: StopSignals | None = None) -> None:
+    """A rank > 0: make the learner calls rank 0 announces, until it says stop; a signal this
+    rank got goes to rank 0 at its next `agree_stop`."""
     while True:
         command, payload = _announce("", None)
-        if command == "step":
+        if command == "agree_stop":
+            _agree(stops.signum or 0 if stops is not None else 0, learner.device)
+        elif command == "step":
             learner.step(payload)
         elif command == "policy_state":
             learner.policy_state()
@@ -195,6 +215,7 @@ def torchrun_learner(cfg: Config, policy: nn.Module, device: torch.device) -> Le
     sharding = FSDPSharding(cfg.learner.mixed_precision, device)
     learner = Learner(cfg, policy, device, sharding)
     if replica is None:
-        follow(learner)
+        with StopSignals(follower=True) as stops:  # noted, passed to rank 0: it decides
+            follow(learner, stops)
         return None
     return LeaderLearner(learner, replica.to(device))
