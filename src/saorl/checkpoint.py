@@ -42,8 +42,13 @@ from typing import Any
 
 import torch
 
-from saorl.checkpoint_digest import check, manifest_path, write_manifest
-from saorl.config import ConfigError
+from saorl.checkpoint_digest import (
+    CheckpointError,
+    DamagedCheckpointError,
+    check,
+    manifest_path,
+    write_manifest,
+)
 from saorl.faults import kill_if_armed
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
@@ -198,17 +203,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))  # type: ignore[union-attr]
 
 
-class CheckpointError(ConfigError):
-    """A checkpoint or saved state file that cannot be used (a bad input, exit code 2)."""
-
-
 class UnsafeCheckpointError(CheckpointError):
     """A state file that holds code or objects outside the allow-list: refused, never skipped."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A state file that does not read back (torn write, truncated, garbage, not a dict, a
-    digest that differs from the one written at save)."""
 
 
 class DiskFullError(CheckpointError):

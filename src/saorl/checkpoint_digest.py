@@ -19,6 +19,18 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from saorl.config import ConfigError
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint or saved state file that cannot be used (a bad input, exit code 2)."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A state file that does not read back (torn write, truncated, garbage, not a dict, a
+    digest that differs from the one written at save)."""
+
+
 SUFFIX = ".sha256"
 
 
@@ -74,7 +86,6 @@ def _read_manifest(path: Path) -> dict[str, str]:
 def check(path: Path) -> None:
     """Compare checkpoint file or directory `path` with the digests written at save (nothing
     to compare if there are none); `DamagedCheckpointError` naming the first file that differs."""
-    from saorl.checkpoint import DamagedCheckpointError
 
     path = Path(path)
     manifest = manifest_path(path)
