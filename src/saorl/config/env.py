@@ -21,14 +21,16 @@ class EnvConfig(_Section):
         description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
         "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
         "sandboxed Python tool; 'swe' = fix a repository until its tests pass (shell and edit "
-        "tools, SWE-bench-style grading); or your own: 'package.module:attr' or "
+        "tools, SWE-bench-style grading); 'openenv' = an OpenEnv environment server "
+        "(env.openenv_app or env.openenv_url); or your own: 'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="your own env.name: keyword arguments of its factory (or of the class's "
-        "tasks()), a TOML table, e.g. {max_guesses = 4}",
+        "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'openenv': arguments of each "
+        "episode's reset besides the seed",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -73,7 +75,8 @@ class EnvConfig(_Section):
         description="'code' = <python>...</python> blocks (small models; env 'swe': "
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
         "chat models); 'llama3' = the whole turn is {'name': ..., 'parameters': {...}} as JSON "
-        "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe'",
+        "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe' (env "
+        "'openenv': 'llama3', else 'hermes')",
     )
     tools: list[str] = Field(
         default_factory=list,
@@ -115,13 +118,15 @@ class EnvConfig(_Section):
     )
     system_prompt: str = Field(
         "",
-        description="env 'math': a system message opening each episode; a row whose prompt "
+        description="envs 'math' and 'openenv': a system message opening each episode; a "
+        "row whose prompt "
         "messages have their own system message keeps that one",
     )
     instructions: bool = Field(
         True,
         description="env 'math': put saorl's instructions (the tool's syntax, answer in "
-        "\\boxed{}) before each problem; false = the dataset's prompt as it is",
+        "\\boxed{}) before each problem; false = the dataset's prompt as it is; env "
+        "'openenv': the tool's syntax before the first observation",
     )
     data_root: str = Field(
         "",
@@ -214,6 +219,23 @@ class EnvConfig(_Section):
         "(a free port); loopback unless set",
     )
 
+    openenv_app: str = Field(
+        "",
+        description="env 'openenv': an OpenEnv app 'package.module:app' or 'file.py:app' "
+        "(stored absolute), served in-process on 127.0.0.1 by each process that runs episodes; "
+        "docs/openenv.md",
+    )
+    openenv_url: str = Field(
+        "",
+        description="env 'openenv': instead of env.openenv_app, the URL of a running OpenEnv "
+        "server (http://host:port); one WebSocket session per episode",
+    )
+    openenv_tool: str = Field(
+        "",
+        description="env 'openenv': the name of the tool the action is offered as; '' = from "
+        "the action model's name (GuessAction -> 'guess')",
+    )
+
     @field_validator("name")
     @classmethod
     def _check_env_name(cls, value: str) -> str:
@@ -237,6 +259,18 @@ class EnvConfig(_Section):
         # '.', and a path that does not exist is left for the loader's error to name.
         if value and ("/" in value or "." in value) and os.path.exists(value):
             return os.path.abspath(value)
+        return value
+
+    @field_validator("openenv_app")
+    @classmethod
+    def _check_openenv_app(cls, value: str) -> str:
+        return check_reference(value, builtins=(), what="OpenEnv app") if value else value
+
+    @field_validator("openenv_url")
+    @classmethod
+    def _check_openenv_url(cls, value: str) -> str:
+        if value and not re.match(r"^(https?|wss?)://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not a server URL like http://127.0.0.1:8000")
         return value
 
     @field_validator("agent")
@@ -280,7 +314,7 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.tool_format = 'llama3' is for env 'math'; env 'swe' takes 'code' or 'hermes'"
             )
-        if self.args and self.name in BUILTIN_ENVS and self.name != "agent":
+        if self.args and self.name in BUILTIN_ENVS and self.name not in ("agent", "openenv"):
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
@@ -289,6 +323,17 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.name = 'agent' runs an agent program: set exactly one of env.agent "
                 "('file.py:fn') and env.agent_command ('python agent.py')"
+            )
+        if self.name == "openenv" and bool(self.openenv_app) == bool(self.openenv_url):
+            raise ValueError(
+                "env.name = 'openenv' talks to an OpenEnv server: set exactly one of "
+                "env.openenv_app ('my_env.server:app') and env.openenv_url "
+                "('http://127.0.0.1:8000')"
+            )
+        if self.name == "openenv" and self.reward_fns:
+            raise ValueError(
+                "env.reward_fns: env 'openenv' is rewarded by its server (the sum of its step "
+                "rewards); compute other rewards in the environment"
             )
         if self.agent_tasks == "agent":
             raise ValueError("env.agent_tasks names the task source, not 'agent'")
@@ -300,7 +345,7 @@ class EnvConfig(_Section):
         return self
 
 
-BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "swe", "agent")
+BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "swe", "agent", "openenv")
 # `package.module:attr` / `path/to/file.py:attr`; attr may be dotted (`Class.factory`).
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # What `saorl.train(env=<object>)` stores: an object that lives only in this process.
