@@ -1,7 +1,10 @@
 """The arms of `saorl compare`: built-in arms, the arm syntax, and what each arm is.
 
-Arm syntax: a built-in name (`ARMS`), or `NAME:section.field=value,section.field=value` for a
-custom arm (a built-in NAME contributes its overrides first). NAME is letters, digits, `_`, `-`.
+Arm syntax: a built-in name (`ARMS`), a built-in name with a mismatch correction
+(`BUILTIN+CORRECTION`, e.g. `grpo+tis`, `sao+icepop`: the arm family of `algorithm.correction`,
+saorl/corrections.py), or `NAME:section.field=value,section.field=value` for a custom arm (a
+built-in NAME, with or without its correction, contributes its overrides first). NAME is
+letters, digits, `_`, `-` and `+`.
 
 `arm_components(cfg)` says what an arm is from its resolved config (advantage, loss, critic
 recipe, mini-batches, groups), so the README table and the report's table come from the
@@ -13,8 +16,13 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 from saorl.config import Config, ConfigError, load_config, parse_override
+from saorl.config.components import AlgorithmConfig
+
+# From the config's field, not saorl.corrections: this module must load without torch.
+CORRECTIONS: tuple[str, ...] = get_args(AlgorithmConfig.model_fields["correction"].annotation)
 
 ARMS: dict[str, tuple[str, ...]] = {
     "sao": ("algorithm.name=sao",),
@@ -33,8 +41,8 @@ ARMS: dict[str, tuple[str, ...]] = {
 DEFAULT_ARMS = ("sao", "grpo", "grpo_dis", "running_mean", "vapo")
 ABLATIONS = ("sao_no_freeze", "sao_k1", "sao_fixed_lambda", "sao_no_warmup")
 
-_ARM_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
-_ARM_START = re.compile(r"^\s*[A-Za-z0-9_-]+\s*(:|$)")  # "sao" or "name:..." starts an arm
+_ARM_NAME = re.compile(r"^[A-Za-z0-9_+-]+$")
+_ARM_START = re.compile(r"^\s*[A-Za-z0-9_+-]+\s*(:|$)")  # "sao" or "name:..." starts an arm
 _OVERRIDE_START = re.compile(r"^\s*[A-Za-z_]\w*\.[A-Za-z_]\w*\s*=")
 
 
@@ -74,11 +82,15 @@ def parse_arm(spec: str) -> Arm:
     name, sep, rest = (part.strip() for part in spec.partition(":"))
     if not _ARM_NAME.match(name):
         raise ConfigError(
-            f"arm {spec!r}: the name must be letters, digits, '_' or '-' (it names a directory)"
+            f"arm {spec!r}: the name must be letters, digits, '_', '-' or '+' (it names a "
+            "directory)"
         )
-    if not sep and name not in ARMS:
+    base = _builtin_overrides(name)
+    if not sep and base is None:
         raise ConfigError(
             f"unknown arm {name!r}: built-in arms are {', '.join(ARMS)}; "
+            "a built-in with a correction is BUILTIN+CORRECTION (corrections: "
+            f"{', '.join(c for c in CORRECTIONS if c != 'none')}); "
             "a custom arm is NAME:section.field=value,section.field=value"
         )
     own = [s.strip() for s in _join_pieces(rest.split(","), _OVERRIDE_START) if s.strip()]
@@ -86,7 +98,18 @@ def parse_arm(spec: str) -> Arm:
         parse_override(item)
     if sep and not own:
         raise ConfigError(f"arm {spec!r}: no overrides after ':'")
-    return Arm(name, (*ARMS.get(name, ()), *own))
+    return Arm(name, (*(base or ()), *own))
+
+
+def _builtin_overrides(name: str) -> tuple[str, ...] | None:
+    """A built-in arm's overrides, `BUILTIN+CORRECTION`'s with the correction added; None for a
+    name that is neither."""
+    if name in ARMS:
+        return ARMS[name]
+    builtin, plus, correction = name.partition("+")
+    if plus and builtin in ARMS and correction in CORRECTIONS and correction != "none":
+        return (*ARMS[builtin], f"algorithm.correction={correction}")
+    return None
 
 
 def parse_arms(specs: Sequence[str]) -> list[Arm]:
@@ -123,6 +146,8 @@ def arm_components(cfg: Config) -> dict[str, str]:
         loss = f"dis (band {a.eps_low:g}/{a.eps_high:g})"
     else:
         loss = f"ppo_clip ({a.clip_eps_low:g}/{a.clip_eps_high:g})"
+    if a.correction != "none":
+        loss += f" + {a.correction} correction"
     if a.lm_loss_coef:
         loss += f" + LM loss {a.lm_loss_coef:g} on correct samples"
     n = a.samples_per_prompt

@@ -35,6 +35,7 @@ actor talks to it through the same four methods.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -47,7 +48,7 @@ from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.checkpoint import load_state_file
 from saorl.config import Config, ConfigError
 from saorl.losses import value_loss
-from saorl.models.critic import Critic, freeze_attention
+from saorl.models.critic import Critic, critic_source, freeze_attention
 from saorl.models.loading import compute_precision, critic_optimizer
 from saorl.models.lora import onto_lora
 from saorl.models.packing import plan_token_micro_batches
@@ -108,6 +109,34 @@ def critic_device(cfg: Config, learner_device: torch.device) -> torch.device:
         raise ConfigError(f"critic.device: {e}".replace("model.device", "critic.device")) from e
 
 
+def concurrent_critic(cfg: Config, learner_device: torch.device) -> tuple[bool, str]:
+    """Whether the critic's updates run beside the policy's (`critic.concurrent`), and why.
+
+    'auto' turns it on where the two updates have hardware to overlap on: a device of the
+    critic's own, or a CPU with cores for both (each update uses `run.torch_threads`); it stays
+    off on one shared accelerator, where it would hold both updates' activations at once, and
+    under `run.deterministic` (one thread of work at a time).
+    """
+    setting = cfg.critic.concurrent
+    if setting != "auto":
+        return bool(setting), f"critic.concurrent = {str(setting).lower()}"
+    if cfg.run.deterministic:
+        return False, "auto: off under run.deterministic (one thread of work at a time)"
+    device = critic_device(cfg, learner_device)
+    if device != learner_device:
+        return True, f"auto: the critic has a device of its own ({device})"
+    if device.type != "cpu":
+        return False, (
+            f"auto: policy and critic share {device}; both updates at once would hold both "
+            "activations (set critic.device to a second device)"
+        )
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    need = 2 * cfg.run.torch_threads
+    if (cores or 1) >= need:
+        return True, f"auto: {cores} CPU cores for the two updates' {need} threads"
+    return False, f"auto: {cores} CPU core(s), fewer than the two updates' {need} threads"
+
+
 class CriticUpdater:
     """The critic (a copy of `policy`'s backbone with a value head), its optimizer and updates.
 
@@ -120,12 +149,14 @@ class CriticUpdater:
     ) -> None:
         self.cfg, self.device, self.sharding = cfg, device, sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
-        self.critic = Critic(policy, cfg).to(device)  # with critic.lora_rank's adapters
+        # critic.lora_rank's adapters; critic.name_or_path: the policy or a model of its own
+        self.critic = Critic(critic_source(cfg, policy), cfg).to(device)
         self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
         self.sharding.shard(self.critic)
         self.new_optimizer()
         # One worker: the K updates of one step at a time, beside the policy update.
-        self._pool = ThreadPoolExecutor(1, "critic") if cfg.critic.concurrent else None
+        on, _ = concurrent_critic(cfg, device)  # resolved by the Learner; bools pass through
+        self._pool = ThreadPoolExecutor(1, "critic") if on else None
         # Every position GAE reads a value at is trained (observations too, when not skipped).
         self._targets = "action_mask" if cfg.algorithm.skip_observations else "completion_mask"
         # The values can come from the first update's forward when nothing random or
@@ -287,7 +318,10 @@ class CriticUpdater:
     # -- weights and state ---------------------------------------------------------------------
     def reset_from_policy(self, backbone: dict[str, torch.Tensor]) -> None:
         """Critic <- `backbone` (the policy's base-model weights, LoRA merged) and a zero value
-        head; a fresh optimizer. Frozen parameters stay frozen."""
+        head; a fresh optimizer. Frozen parameters stay frozen. A critic of its own
+        (`critic.name_or_path`) is not the policy's shape: it keeps its weights."""
+        if self.cfg.critic.name_or_path != "policy":
+            return
         state = {"backbone." + k: v for k, v in backbone.items()}
         dtype = next(iter(state.values())).dtype
         head = self.critic.value_head

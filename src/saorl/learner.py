@@ -50,7 +50,14 @@ from torch import nn
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
 from saorl.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
-from saorl.critic_updater import CriticUpdater, critic_device, plan_rows, share
+from saorl.corrections import finish_gaps, gap_sums, lab_keys, policy_correction
+from saorl.critic_updater import (
+    CriticUpdater,
+    concurrent_critic,
+    critic_device,
+    plan_rows,
+    share,
+)
 from saorl.evaluation import evaluate_policy
 from saorl.losses import (
     dis_policy_loss,
@@ -90,6 +97,9 @@ class Learner:
         self, cfg: Config, policy: nn.Module, device: torch.device,
         sharding: Sharding | None = None, critic: Any = None,
     ) -> None:  # fmt: skip
+        # critic.concurrent = "auto" decided once, here, for everything built below.
+        on, self.critic_concurrent_why = concurrent_critic(cfg, device)
+        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": on})})
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()
@@ -190,8 +200,10 @@ class Learner:
             # metrics.jsonl has the same columns.
             metrics.update(dict.fromkeys(("loss/policy", "dis/masked_frac", "mismatch/k3",
                                           "mismatch/max_abs_logprob_diff")))  # fmt: skip
+            metrics.update(dict.fromkeys(lab_keys()))
         else:
             self._finish_mismatch(metrics)
+            finish_gaps(metrics)
         self.steps += 1
         self._check_nonfinite(skipped_before)
         metrics["learner/version"] = self.version
@@ -284,15 +296,18 @@ class Learner:
         mask = x.action_mask
         w = share(mask, part.action_mask, algo.loss_agg) * mb.weight
         logprobs, entropy = self._logprobs(x, return_entropy=True)
+        # algorithm.correction: per-token weights from the trainer/engine ratio (corrections.py)
+        trainer = reference if algo.policy_loss == "ppo_clip" else logprobs
+        weights, cm = policy_correction(algo, trainer, x.rollout_logprobs, mask)
         if algo.policy_loss == "dis":
             loss, pm = dis_policy_loss(
                 logprobs, reference, advantages, mask, eps_low=algo.eps_low,
-                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True,
+                eps_high=algo.eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
             )  # fmt: skip
         elif algo.policy_loss == "ppo_clip":
             loss, pm = ppo_clip_policy_loss(
                 logprobs, reference, advantages, mask, eps_low=algo.clip_eps_low,
-                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True,
+                eps_high=algo.clip_eps_high, agg=algo.loss_agg, tensors=True, token_weights=weights,
             )  # fmt: skip
         else:
             raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
@@ -312,6 +327,7 @@ class Learner:
             m.add("loss/lm", lm.detach() * w_lm, scale)
         total.backward()
         pm["policy/entropy"] = ent.detach()
+        pm.update(cm)
         for key, value in pm.items():
             # A filler pass (weight 0) reruns a row of this batch: harmless for min and max.
             if key == "dis/ratio_min":
@@ -328,6 +344,11 @@ class Learner:
         m.add("mismatch/tokens", n)
         m.add("mismatch/k3_sum", mm["mismatch/k3"] * n)
         m.high("mismatch/max_abs_logprob_diff", mm["mismatch/max_abs_logprob_diff"])
+        # The gap by staleness (0: pure mismatch) and by position (corrections.gap_sums).
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+        diff = logprobs.detach() - x.rollout_logprobs
+        for key, value in gap_sums(diff, mask, version - x.versions, positions).items():
+            m.add(key, value * mb.weight)
 
     @staticmethod
     def _finish_mismatch(metrics: dict[str, Any]) -> None:
@@ -366,8 +387,11 @@ class Learner:
         """Critic <- the current policy's backbone and a zero value head; a fresh optimizer.
 
         Called after a supervised warm-up, so that the critic starts from the policy it will
-        judge (docs/design.md section 1); frozen parameters stay frozen.
+        judge (docs/design.md section 1); frozen parameters stay frozen. A critic of its own
+        (`critic.name_or_path`) keeps its weights.
         """
+        if self.cfg.critic.name_or_path != "policy":
+            return
         prefix = self.policy.base_model_prefix + "."
         policy = merged_state(self.sharding.full_state(self.policy, everywhere=True), self.policy)
         self.critic_updater.reset_from_policy({k[len(prefix) :]: v for k, v in policy.items()

@@ -21,6 +21,7 @@ Ray actors, torchrun ranks) and this file does not change with it.
 from __future__ import annotations
 
 import json
+import os
 import random
 import sys
 import time
@@ -34,10 +35,12 @@ from saorl.checkpoint import load_latest_checkpoint, save_step
 from saorl.checkpoint_shards import open_sharded
 from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.critic_updater import concurrent_critic
 from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
 from saorl.learner import NonFiniteError
 from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
+from saorl.models.loading import resolve_device
 from saorl.rollout.worker import PromptFeed
 from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.topology import Topology, build_topology
@@ -50,13 +53,20 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
     torch.set_num_threads(cfg.run.torch_threads)
     torch.manual_seed(cfg.run.seed)
     check_trackers(cfg.run.trackers)  # a missing package stops the run before anything starts
-    placed = build_topology(cfg)
-    if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
-        return {}
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.run.deterministic:  # CUDA's cuBLAS needs a fixed workspace to be deterministic
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     try:
-        return _train(cfg, placed, resume)
-    finally:
-        placed.learner.close()
+        placed = build_topology(cfg)
+        if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
+            return {}
+        try:
+            return _train(cfg, placed, resume)
+        finally:
+            placed.learner.close()
+    finally:  # process-wide: an in-process caller (tests, the Python API) gets it back as it was
+        torch.use_deterministic_algorithms(was_deterministic)
 
 
 def _fresh_run_dir(output_dir: Path, name: str) -> Path:
@@ -136,6 +146,9 @@ def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds:
     summary["run_dir"] = str(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary["collapse"] = detect_collapse(rows, cfg.collapse)
+    if cfg.algorithm.advantage == "gae":  # a critic: were its updates beside the policy's?
+        on, why = concurrent_critic(cfg, resolve_device(cfg.model.device))
+        summary["critic_concurrent"] = {"on": on, "why": why}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
 
 

@@ -114,6 +114,15 @@ def _out(metrics: dict[str, Tensor], tensors: bool) -> Metrics:
     return dict(zip(keys, vals, strict=True))
 
 
+def _weights(token_weights: Tensor | None, m: Tensor) -> Tensor | float:
+    """A mismatch correction's per-token weights (saorl.corrections), detached and zeroed off
+    the mask; 1.0 without a correction."""
+    if token_weights is None:
+        return 1.0
+    _check_shapes(m, token_weights=token_weights)
+    return _zero_outside(token_weights.detach(), m)
+
+
 def dis_policy_loss(
     logprobs: Tensor,
     rollout_logprobs: Tensor,
@@ -124,6 +133,7 @@ def dis_policy_loss(
     agg: Aggregation = "token_mean",
     *,
     tensors: bool = False,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """Direct double-sided importance sampling (DIS) policy loss, paper Eqs. 1-3.
 
@@ -149,6 +159,9 @@ def dis_policy_loss(
         eps_low, eps_high: band half-widths (paper: 0.3/5.0 for math, 0.8/3.0 for coding).
         agg: see :func:`masked_aggregate`.
         tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
+        token_weights: ``(B, T)`` per-token weights of a mismatch correction
+            (:func:`saorl.corrections.correction_weights`), multiplying each token's loss;
+            detached; ``None`` = 1.
 
     Returns:
         ``(loss, metrics)`` with metrics ``loss/policy``, ``dis/masked_frac``,
@@ -167,7 +180,7 @@ def dis_policy_loss(
     in_band = ~below & ~above & m
     f = _zero_outside(ratio, in_band)
     adv = _zero_outside(advantages.detach(), m)
-    loss = masked_aggregate(-f * adv * logp, m, agg)
+    loss = masked_aggregate(-f * adv * logp * _weights(token_weights, m), m, agg)
 
     with torch.no_grad():
         ratio_mean, ratio_min, ratio_max = _masked_stats(ratio, m)
@@ -194,6 +207,7 @@ def ppo_clip_policy_loss(
     agg: Aggregation = "token_mean",
     *,
     tensors: bool = False,
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, Metrics]:
     """PPO clipped surrogate with asymmetric ("clip-higher", DAPO) bounds.
 
@@ -213,6 +227,9 @@ def ppo_clip_policy_loss(
         eps_low, eps_high: clip range ``[1 - eps_low, 1 + eps_high]``.
         agg: see :func:`masked_aggregate`.
         tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
+        token_weights: ``(B, T)`` per-token weights of a mismatch correction
+            (:func:`saorl.corrections.correction_weights`), multiplying each token's loss;
+            detached; ``None`` = 1.
 
     Returns:
         ``(loss, metrics)`` with ``loss/policy``, ``ppo/clip_frac`` (fraction of action tokens
@@ -229,7 +246,8 @@ def ppo_clip_policy_loss(
     adv = _zero_outside(advantages.detach(), m)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
-    loss = masked_aggregate(torch.maximum(unclipped, clipped), m, agg)
+    per_token = torch.maximum(unclipped, clipped) * _weights(token_weights, m)
+    loss = masked_aggregate(per_token, m, agg)
 
     with torch.no_grad():
         clip_active = clipped > unclipped

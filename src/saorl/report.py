@@ -136,6 +136,16 @@ _COMPARE_PANELS = (
     _Panel("value/explained_variance", ("value/explained_variance",), floor=-1.0),
     _Panel("staleness (async/staleness_mean)", ("async/staleness_mean",), from_zero=True),
     _Panel("policy entropy (policy/entropy)", ("policy/entropy",), from_zero=True),
+    _Panel(
+        "rollout-trainer gap, k3 (solid: staleness 0 = mismatch; dashed: 2-3 versions)",
+        ("gap/k3_stale0", "gap/k3_stale2-3"),
+        from_zero=True,
+    ),
+    _Panel(
+        "ESS of the IS ratios (solid: raw; dashed: after the correction)",
+        ("corr/ess_raw", "corr/ess"),
+        unit_range=True,
+    ),
 )
 _LINESTYLES = ("-", "--", "-.")
 

@@ -87,6 +87,11 @@ def test_a_command_agent_trains(tmp_path, monkeypatch):
     rows = [r for r in _rows(tmp_path / "runs" / "cmd") if "rollout/reward_mean" in r]
     assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
     assert all(r["rollout/failed"] == 0 for r in rows)
+    # `saorl eval RUN` runs the held-out episodes through the same agent and endpoint.
+    out = tmp_path / "eval.jsonl"
+    assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out)]) == 0
+    per_problem = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(per_problem) == 8  # env.eval_size
 
 
 @pytest.mark.slow

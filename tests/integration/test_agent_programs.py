@@ -34,8 +34,10 @@ def test_tiny_model_record_equals_what_the_engine_sampled(tiny_policy):
                 model="policy", messages=msgs, max_tokens=5, logprobs=True
             )
             replies.append(r.choices[0])
-            msgs += [r.choices[0].message.model_dump(exclude_none=True),
-                     {"role": "user", "content": follow_up}]  # fmt: skip
+            msgs += [
+                r.choices[0].message.model_dump(exclude_none=True),
+                {"role": "user", "content": follow_up},
+            ]
         return 0.25
 
     tasks = [Problem(f"{a}+{b}=", str(a + b), f"p{a}") for a, b in ((12, 34), (7, 8), (99, 1))]
@@ -142,8 +144,9 @@ def test_command_agents_and_failed_episodes(tmp_path):
         env.reset = lambda task: reset(Problem(task["prompt"], task["answer"], task["key"]))
         return env
 
-    trajs, worker = run_agents(engine, tok, tasks, command=f"{sys.executable} {script}",
-                               grader=grader, timeout_s=8.0)  # fmt: skip
+    trajs, worker = run_agents(
+        engine, tok, tasks, command=f"{sys.executable} {script}", grader=grader, timeout_s=8.0
+    )
     by_key = {t.prompt_key: t for t in trajs}
     assert sorted(by_key) == sorted(modes) and len(trajs) == len(modes)
     ok = by_key["ok"]
@@ -182,3 +185,40 @@ def test_python_agents_that_raise_or_never_call_fail_their_episode():
     assert ok.reward == 0.5 and ok.info["agent/n"] == 3.0 and "agent/label" not in ok.info
     assert json.dumps(ok.info)  # only plain values reach the metrics
     assert dict(worker.agents.failures) == {"raised": 1, "no_calls": 1}
+
+
+def test_agents_on_reasoning_gym_tasks_are_graded_by_the_dataset():
+    pytest.importorskip("reasoning_gym")
+    from saorl.config import EnvConfig
+    from saorl.envs.factory import build_env
+
+    cfg = EnvConfig(
+        name="agent",
+        agent=f"{__file__}:_rg_agent",
+        agent_tasks="reasoning_gym",
+        rg_datasets=["chain_sum"],
+        eval_size=2,
+    )
+    spec = build_env(cfg)
+    right, wrong = spec.task.held_out
+    tok = _tok()
+    engine = ScriptedEngine(tok, [f"<answer>{right.answer}</answer>", "<answer>nope</answer>"])
+    program = spec.make_env()
+    trajs, _ = run_agents(engine, tok, [right], program.fn, grader=program.grader)
+    trajs += run_agents(
+        ScriptedEngine(tok, ["<answer>nope</answer>"]),
+        tok,
+        [wrong],
+        program.fn,
+        grader=program.grader,
+    )[0]
+    assert [t.reward for t in trajs] == [1.0, 0.0]
+    assert trajs[0].prompt_key == right.key and "chain_sum" in right.key
+
+
+async def _rg_agent(task, client):
+    """Sends the question; returns no reward (the dataset's scorer grades the reply)."""
+    assert task["dataset"] == "chain_sum" and "metadata" in task
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["question"]}]
+    )

@@ -312,3 +312,20 @@ def test_concurrent_calls_of_one_episode_branch_into_segments():
     assert sorted([grown.completion_ids[-len(c2.token_ids) :], branch.completion_ids]) == sorted(
         [c2.token_ids, c3.token_ids]
     )
+
+
+def test_many_agents_connecting_at_once_are_all_served():
+    tok = _tok()
+    n = 64
+    engine = ScriptedEngine(tok, ["42"] * n)
+    engine.max_concurrent = n  # every episode starts, and connects, at the same moment
+
+    async def agent(task, client):
+        r = await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": task["prompt"]}]
+        )
+        return float(r.choices[0].message.content == "42")
+
+    trajs, worker = run_agents(engine, tok, [{**TASK, "key": str(i)} for i in range(n)], agent)
+    assert len(trajs) == n and all(t.reward == 1.0 for t in trajs)
+    assert not worker.agents.failures

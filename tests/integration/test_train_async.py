@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from saorl.checkpoint import list_checkpoints, load_state_file
+from saorl.corrections import lab_keys
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.loop import train_from_config
 from tests.conftest import tiny_config
@@ -69,9 +70,11 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
         assert sum(hist) == pytest.approx(1.0)
         for k, v in r.items():
             # Only the critic warm-up step may leave the policy keys empty (null); the engine/
-            # learner mismatch is null when no token of the batch came from the current version.
-            if v is None and not k.startswith("mismatch/"):
-                assert r["learner/warmup"] == 1.0 and k in ("loss/policy", "dis/masked_frac"), k
+            # learner mismatch is null when no token of the batch came from the current version,
+            # a gap bucket when no token fell in it.
+            if v is None and not k.startswith(("mismatch/", "gap/k3_")):
+                policy_keys = ("loss/policy", "dis/masked_frac", *lab_keys())
+                assert r["learner/warmup"] == 1.0 and k in policy_keys, k
             elif v is not None:
                 assert math.isfinite(v), k
     for key in ("loss/policy", "dis/masked_frac", "value/explained_variance"):

@@ -324,6 +324,18 @@ class AlgorithmConfig(_Section):
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"
     )
+    correction: Literal["none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs"] = Field(
+        "none",
+        description="rollout-trainer mismatch correction weighting each token's policy loss by "
+        "rho = trainer / engine probability (saorl/corrections.py, docs/algorithms.md): tis, "
+        "token_mis, seq_mis, icepop, geo_rs; SAO paper: none (DIS is its correction)",
+    )
+    correction_low: float | None = Field(
+        None, ge=0, description="lower edge of the correction's kept band; unset = its preset"
+    )
+    correction_high: float | None = Field(
+        None, gt=0, description="upper edge of the band (tis: the cap); unset = its preset"
+    )
     routing_replay: bool = Field(
         False,
         description="MoE policies: the engine records the experts it routed each token to and "
@@ -353,6 +365,12 @@ class CriticConfig(_Section):
         gt=0,
         description="critic AdamW learning rate; paper: 5e-6 (5x policy); preset vapo: 2 x "
         "learner.lr (VAPO: 2e-6 vs 1e-6)",
+    )
+    name_or_path: str = Field(
+        "policy",
+        description="the critic's model: 'policy' = a copy of the policy's backbone, made "
+        "again after the warm-up (paper); or a Hugging Face directory or hub id of another "
+        "(smaller) model with the policy's tokenizer (AsyPPO-style mini-critic), used as loaded",
     )
     init_from: str = Field(
         "",
@@ -394,13 +412,14 @@ class CriticConfig(_Section):
     lora_alpha: float = Field(
         32.0, gt=0, description="critic LoRA scale numerator (lora_alpha / lora_rank)"
     )
-    concurrent: bool = Field(
-        False,
+    concurrent: bool | Literal["auto"] = Field(
+        "auto",
         description="run the critic's K updates beside the policy update (after the "
         "advantages; same numbers): on a thread of their own in one process, over a process "
         "group of their own with learner.fsdp; a step then takes the longer of the two, not the "
-        "sum. Pays with a second device (critic.device) or idle cores; on a few busy CPU cores "
-        "the two compete for them (docs/performance.md)",
+        "sum. 'auto' = on where it pays: the critic on a device of its own, or a CPU with a "
+        "core to spare for it; off where both would share one GPU (both updates' activations "
+        "at once) or under run.deterministic; summary.json says which and why",
     )
     device: str = Field(
         "",

@@ -20,17 +20,23 @@ class EnvConfig(_Section):
         "arithmetic",
         description="'arithmetic' = built-in addition (single turn); 'tool_arithmetic' = "
         "built-in multiplication with a calculator tool; 'math' = a math dataset with the "
-        "sandboxed Python tool; 'swe' = fix a repository until its tests pass (shell and edit "
-        "tools, SWE-bench-style grading); 'openenv' = an OpenEnv environment server "
-        "(env.openenv_app or env.openenv_url); or your own: 'package.module:attr' or "
+        "sandboxed Python tool; 'reasoning_gym' = reasoning-gym's procedural tasks "
+        "(env.rg_datasets, single turn or with the Python tool; the reasoning-gym extra); "
+        "'swe' = fix a repository until its tests pass (shell and edit tools, SWE-bench-style "
+        "grading); 'agent' = your agent program over the OpenAI API (env.agent or "
+        "env.agent_command, docs/agents.md); 'openenv' = an OpenEnv environment server "
+        "(env.openenv_app or env.openenv_url, docs/openenv.md); or your own: "
+        "'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
     )
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="your own env.name: keyword arguments of its factory (or of the class's "
-        "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'openenv': arguments of each "
-        "episode's reset besides the seed",
+        "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'reasoning_gym': a table per "
+        "dataset of env.rg_datasets, its sampling `weight` (default 1) and the dataset's own "
+        "config fields, e.g. {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}; env "
+        "'openenv': arguments of each episode's reset besides the seed",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -69,14 +75,16 @@ class EnvConfig(_Section):
         description="seconds one reward function may take; a slower or raising one fails its "
         "episode (env_error, not trained on), the run goes on",
     )
-    use_tool: bool = Field(True, description="env 'math': offer the sandboxed Python tool")
+    use_tool: bool = Field(
+        True, description="envs 'math' and 'reasoning_gym': offer the sandboxed Python tool"
+    )
     tool_format: Literal["code", "hermes", "llama3"] = Field(
         "code",
         description="'code' = <python>...</python> blocks (small models; env 'swe': "
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
         "chat models); 'llama3' = the whole turn is {'name': ..., 'parameters': {...}} as JSON "
-        "(Llama 3.1-3.3 JSON tool calling, env 'math' only); envs 'math' and 'swe' (env "
-        "'openenv': 'llama3', else 'hermes')",
+        "(Llama 3.1-3.3 JSON tool calling, envs 'math' and 'reasoning_gym'); envs 'math', "
+        "'reasoning_gym' and 'swe' (env 'openenv': 'llama3', else 'hermes')",
     )
     tools: list[str] = Field(
         default_factory=list,
@@ -116,17 +124,27 @@ class EnvConfig(_Section):
     answer_extractor: Literal["none", "gsm8k"] = Field(
         "none", description="env 'math' with a path: 'gsm8k' takes the answer after '####'"
     )
+    rg_datasets: list[str] = Field(
+        default_factory=list,
+        description="env 'reasoning_gym': reasoning-gym dataset names, e.g. ['chain_sum', "
+        "'leg_counting']; weights and dataset settings in env.args (docs/reasoning-gym.md)",
+    )
+    rg_answer_format: Literal["tags", "plain"] = Field(
+        "tags",
+        description="env 'reasoning_gym': 'tags' = the answer is the last <answer>...</answer> "
+        "of the final turn (reasoning-gym's convention; the instructions ask for it); 'plain' "
+        "= the final turn's whole text (small models such as builtin:tiny)",
+    )
     system_prompt: str = Field(
         "",
-        description="envs 'math' and 'openenv': a system message opening each episode; a "
-        "row whose prompt "
-        "messages have their own system message keeps that one",
+        description="envs 'math', 'reasoning_gym' and 'openenv': a system message opening "
+        "each episode; a row whose prompt messages have their own system message keeps that one",
     )
     instructions: bool = Field(
         True,
-        description="env 'math': put saorl's instructions (the tool's syntax, answer in "
-        "\\boxed{}) before each problem; false = the dataset's prompt as it is; env "
-        "'openenv': the tool's syntax before the first observation",
+        description="envs 'math' and 'reasoning_gym': put saorl's instructions (the tool's "
+        "syntax, how to give the answer) before each problem; false = the dataset's prompt as "
+        "it is; env 'openenv': the tool's syntax before the first observation",
     )
     data_root: str = Field(
         "",
@@ -314,7 +332,13 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.tool_format = 'llama3' is for env 'math'; env 'swe' takes 'code' or 'hermes'"
             )
-        if self.args and self.name in BUILTIN_ENVS and self.name not in ("agent", "openenv"):
+        # An agent env takes its tasks (and their settings) from env.agent_tasks.
+        tasks = self.agent_tasks if self.name == "agent" else self.name
+        if tasks in RG_ENVS:
+            _check_rg(self.rg_datasets, self.args)
+        elif self.rg_datasets:
+            raise ValueError(f"env.rg_datasets is for env.name = {' or '.join(map(repr, RG_ENVS))}")
+        if self.args and tasks in BUILTIN_ENVS and tasks not in (*RG_ENVS, "openenv"):
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
@@ -345,7 +369,47 @@ class EnvConfig(_Section):
         return self
 
 
-BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "swe", "agent", "openenv")
+BUILTIN_ENVS = (
+    "arithmetic",
+    "tool_arithmetic",
+    "math",
+    "reasoning_gym",
+    "swe",
+    "agent",
+    "openenv",
+)
+# The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
+RG_ENVS = ("reasoning_gym",)
+
+
+def _check_rg(datasets: list[str], args: dict[str, Any]) -> None:
+    """The shape of env.rg_datasets and env.args (the names are checked against
+    reasoning-gym's registry when the env is built: importing it here would make the extra a
+    dependency of the config)."""
+    if not datasets:
+        raise ValueError("env.rg_datasets: name at least one dataset, e.g. ['chain_sum']")
+    if len(set(datasets)) < len(datasets):
+        raise ValueError(f"env.rg_datasets lists a dataset twice: {datasets}")
+    for name, table in args.items():
+        if name not in datasets:
+            raise ValueError(
+                f"env.args.{name}: not one of env.rg_datasets ({', '.join(datasets)}); "
+                "env.args holds one table per listed dataset"
+            )
+        if not isinstance(table, dict):
+            raise ValueError(
+                f"env.args.{name} must be a table, e.g. {{weight = 2, ...}}, not {table!r}"
+            )
+        weight = table.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
+            raise ValueError(f"env.args.{name}.weight must be a number > 0, not {weight!r}")
+        if "seed" in table:
+            raise ValueError(
+                f"env.args.{name}.seed: set env.seed instead (saorl seeds training and "
+                "held-out items apart)"
+            )
+
+
 # `package.module:attr` / `path/to/file.py:attr`; attr may be dotted (`Class.factory`).
 _DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 # What `saorl.train(env=<object>)` stores: an object that lives only in this process.

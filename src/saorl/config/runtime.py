@@ -56,6 +56,13 @@ class RunConfig(_Section):
         description="threads = rollout workers and learner run concurrently; sync = generate "
         "then train",
     )
+    deterministic: bool = Field(
+        False,
+        description="bit-exact reruns: rollouts and updates in a fixed order (concurrency "
+        "'sync', set by this; staleness comes from learner.push_every, not from timing), "
+        "deterministic torch algorithms; two runs of one config write the same metrics "
+        "(timing columns aside) and weights (docs/algorithms.md)",
+    )
     torch_threads: int = Field(1, ge=1, description="torch intra-op threads per thread of work")
     max_worker_restarts: int = Field(
         3,
@@ -89,6 +96,20 @@ class RunConfig(_Section):
         description="end the run cleanly (checkpoint, summary.json, exit code 0) at the first "
         "step a [collapse] signal fires; false = log collapse/* and go on",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _deterministic_is_sync(cls, data: Any) -> Any:
+        # A fixed schedule is the synchronous one; threads interleave by timing.
+        if isinstance(data, dict) and data.get("deterministic") in (True, "true"):
+            if data.get("concurrency", "sync") != "sync":
+                raise ValueError(
+                    "run.deterministic = true runs rollouts and updates in a fixed order, which "
+                    f"is run.concurrency = 'sync', not {data['concurrency']!r}: drop the "
+                    "concurrency setting (deterministic sets it)"
+                )
+            data = {**data, "concurrency": "sync"}
+        return data
 
     @field_validator("trackers")
     @classmethod

@@ -28,6 +28,7 @@ import math
 import numbers
 import os
 import signal
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -40,8 +41,10 @@ MODEL_NAME = "policy"  # the name the endpoint serves
 
 
 def task_dict(task: Any) -> dict[str, Any]:
-    """What an agent gets: the task's columns (a dataset row, a mapping, a dataclass's fields),
-    else {"prompt": str(task)}."""
+    """What an agent gets: the task's own `as_dict()` (reasoning-gym items), else its columns
+    (a dataset row, a mapping, a dataclass's fields), else {"prompt": str(task)}."""
+    if callable(getattr(task, "as_dict", None)):
+        return task.as_dict()
     return task_columns(task) or {"prompt": str(task)}
 
 
@@ -86,13 +89,14 @@ class AgentProgram:
         import openai
 
         client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key, max_retries=0, timeout=self.timeout_s
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=self.timeout_s,
+            http_client=_http_client(),
         )
-        try:
-            result = self.fn(task, client)  # type: ignore[misc]
-            return await result if inspect.isawaitable(result) else result
-        finally:
-            await client.close()
+        result = self.fn(task, client)  # type: ignore[misc]
+        return await result if inspect.isawaitable(result) else result
 
     async def _spawn(self, task: dict[str, Any], base_url: str, api_key: str, worker: str) -> Any:
         env = {
@@ -144,6 +148,22 @@ class AgentProgram:
         await env.reset(task)
         result = await env.step(answers[-1]["content"])
         return result.reward, metrics
+
+
+_HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
+
+
+def _http_client() -> Any:
+    """One HTTP connection pool per event loop, shared by the episodes' clients: building one
+    loads the system's certificates (~0.2 s of CPU), which per episode would cost more than the
+    calls themselves. Episodes' clients are therefore never closed; the pool lives with the loop.
+    """
+    import openai
+
+    loop = asyncio.get_running_loop()
+    if loop not in _HTTP:
+        _HTTP[loop] = openai.DefaultAsyncHttpxClient()
+    return _HTTP[loop]
 
 
 def _read_result(result: Any) -> tuple[float | None, dict[str, Any]]:

@@ -132,6 +132,10 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
         from saorl.envs.openenv import build_openenv_spec
 
         return build_openenv_spec(cfg, held_out_only)
+    elif cfg.name == "reasoning_gym":
+        from saorl.envs.reasoning_gym import build_rg_spec
+
+        return build_rg_spec(cfg, held_out_only)
     elif cfg.name == "swe":
         from saorl.envs.swe.spec import build_swe_spec
 

@@ -21,11 +21,15 @@ from saorl.envs.tools import FunctionTools
 from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call
 from saorl.sandbox import Limits, run_python
 
-CODE_INSTRUCTIONS = (
+BOXED_ANSWER = "Put the final answer in \\boxed{}."
+# {answer}: how to give the final answer (env 'math': BOXED_ANSWER; env 'reasoning_gym': tags).
+_CODE = (
     "Solve the problem. You may run Python code by writing <python>code</python>; the printed "
-    "output comes back in <output></output>. Put the final answer in \\boxed{}.\n\n"
+    "output comes back in <output></output>. {answer}\n\n"
 )
-NO_TOOL_INSTRUCTIONS = "Solve the problem. Put the final answer in \\boxed{}.\n\n"
+_NO_TOOL = "Solve the problem. {answer}\n\n"
+CODE_INSTRUCTIONS = _CODE.format(answer=BOXED_ANSWER)
+NO_TOOL_INSTRUCTIONS = _NO_TOOL.format(answer=BOXED_ANSWER)
 # How a call is written, per format, in the instructions ({name} and {args} filled in).
 _CALL_SYNTAX = {
     "hermes": '<tool_call>{{"name": {name}, "arguments": {args}}}</tool_call>',
@@ -33,22 +37,24 @@ _CALL_SYNTAX = {
 }
 TOOL_INSTRUCTIONS = (
     "Solve the problem. You may call the tool `python` with {call}; the printed output comes "
-    "back to you. Put the final answer in \\boxed{{}}.\n\n"
+    "back to you. {answer}\n\n"
 )
 FUNCTION_INSTRUCTIONS = (
     "Solve the problem. You may call the tools {names} with {call}; the result comes back to "
-    "you. Put the final answer in \\boxed{{}}.\n\n"
+    "you. {answer}\n\n"
 )
 
 
-def tool_instructions(fmt: ToolFormat, names: list[str] | None = None) -> str:
+def tool_instructions(
+    fmt: ToolFormat, names: list[str] | None = None, answer: str = BOXED_ANSWER
+) -> str:
     """The instructions for the `hermes` or `llama3` format: the python tool alone, or the
-    tools `names`."""
+    tools `names`; `answer` says how to give the final answer."""
     if names is None:
         call = _CALL_SYNTAX[fmt].format(name='"python"', args='{"code": "..."}')
-        return TOOL_INSTRUCTIONS.format(call=call)
+        return TOOL_INSTRUCTIONS.format(call=call, answer=answer)
     call = _CALL_SYNTAX[fmt].format(name='"..."', args="{...}")
-    return FUNCTION_INSTRUCTIONS.format(names=", ".join(names), call=call)
+    return FUNCTION_INSTRUCTIONS.format(names=", ".join(names), call=call, answer=answer)
 
 
 PYTHON_TOOL_SCHEMA = {
@@ -87,8 +93,10 @@ class MathToolEnv:
         system_prompt: str = "",
         instructions: bool = True,
         functions: FunctionTools | None = None,
+        answer_instruction: str = BOXED_ANSWER,
     ) -> None:
         self.fmt = fmt
+        self.answer_instruction = answer_instruction
         self.use_tool = use_tool
         self.system_prompt = system_prompt
         self.instructions = instructions
@@ -113,13 +121,13 @@ class MathToolEnv:
             instructions = ""
         elif self.tools:
             names = [t["function"]["name"] for t in self.tools]
-            instructions = tool_instructions(self.fmt, names)
+            instructions = tool_instructions(self.fmt, names, self.answer_instruction)
         elif not self.use_tool:
-            instructions = NO_TOOL_INSTRUCTIONS
+            instructions = _NO_TOOL.format(answer=self.answer_instruction)
         elif self.fmt == "code":
-            instructions = CODE_INSTRUCTIONS
+            instructions = _CODE.format(answer=self.answer_instruction)
         else:
-            instructions = tool_instructions(self.fmt)
+            instructions = tool_instructions(self.fmt, answer=self.answer_instruction)
         messages = [dict(m) for m in getattr(task, "messages", ())]
         if not messages:
             messages = [{"role": "user", "content": task.prompt}]
@@ -127,6 +135,10 @@ class MathToolEnv:
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def grade(self, action_text: str) -> float:
+        """The reward of a final answer (a turn without a tool call)."""
+        return self.grader(action_text, self.task.answer)
 
     def _observe(self, text: str, **info: Any) -> StepResult:
         if self.fmt == "code":
@@ -139,7 +151,7 @@ class MathToolEnv:
         tools_on = self.use_tool or self.functions is not None
         call = parse_tool_call(action_text, self.fmt) if tools_on else None
         if call is None:
-            reward = await asyncio.to_thread(self.grader, action_text, self.task.answer)
+            reward = await asyncio.to_thread(self.grade, action_text)
             return StepResult(reward=reward, done=True, info={"answer_text": action_text[-200:]})
         if isinstance(call, ToolCallError):
             return self._observe(f"error: {call.message}", tool_status="malformed")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,6 +23,34 @@ from torch import nn
 from saorl.config import Config
 from saorl.models.logprobs import pack_or_pad
 from saorl.models.lora import add_lora
+
+
+def critic_source(cfg: Config, policy: nn.Module) -> nn.Module:
+    """The model the critic is built from: `policy` itself, or the model `critic.name_or_path`
+    names, which must share the policy's tokenizer (the critic reads the policy's token ids)."""
+    name = cfg.critic.name_or_path
+    if name == "policy":
+        return policy
+    from saorl.config import ConfigError
+    from saorl.models.loading import load_policy
+
+    model, tokenizer = load_policy(cfg.model.model_copy(update={"name_or_path": name}))
+    if tokenizer.get_vocab() != _policy_tokenizer(cfg).get_vocab():
+        raise ConfigError(
+            f"critic.name_or_path={name}: its tokenizer differs from the policy's "
+            f"({cfg.model.name_or_path}); the critic reads the policy's token ids, so it needs "
+            "the same vocabulary"
+        )
+    return model
+
+
+def _policy_tokenizer(cfg: Config) -> Any:
+    from saorl.models.loading import BUILTIN_PREFIX, _load_tokenizer, model_dir
+    from saorl.models.tokenizer import build_char_tokenizer
+
+    if cfg.model.name_or_path.startswith(BUILTIN_PREFIX):
+        return build_char_tokenizer(with_newlines=cfg.model.builtin_newlines)
+    return _load_tokenizer(model_dir(cfg.model.name_or_path))
 
 
 class Critic(nn.Module):

@@ -68,7 +68,7 @@ class TrainingEndpoint:
         self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
         self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer((host, port), _handler_class(self))
+        self.server = _Server((host, port), _handler_class(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="saorl-endpoint", daemon=True
@@ -184,9 +184,18 @@ class TrainingEndpoint:
         return reply
 
 
+class _Server(ThreadingHTTPServer):
+    # Every episode of the worker may connect at once; the default backlog of 5 refuses
+    # connections beyond it when many agents start together.
+    request_queue_size = 1024
+
+
 def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: httpx reuses connections
+        # Headers and body go out as separate small writes: with Nagle's algorithm the second
+        # waits for the client's delayed ACK (~40 ms a call).
+        disable_nagle_algorithm = True
 
         def _route(self) -> tuple[str | None, str]:
             match = _ROUTE.match(self.path.split("?", 1)[0])

@@ -265,6 +265,9 @@ class RolloutWorker:
         resolves to its `Completion`. Budget: `max_tokens`, capped like a turn's."""
         room = self.limits.max_seq_len - len(prompt_ids)
         budget = min(max_tokens or self.limits.max_new_tokens, self.limits.max_new_tokens, room)
+        forced = 0
+        if self.limits.forced_length is not None:  # benchmarks: the same lengths as env turns
+            budget = forced = min(self.limits.forced_length(), budget)
         future: concurrent.futures.Future = concurrent.futures.Future()
         request = GenerationRequest(
             prompt_ids=list(prompt_ids),
@@ -272,6 +275,7 @@ class RolloutWorker:
             stop=list(stop),
             greedy=self.limits.greedy,
             payload=future,
+            min_new_tokens=forced,
         )
         self._calls.put(request)
         return future
