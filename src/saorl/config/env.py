@@ -24,7 +24,9 @@ class EnvConfig(_Section):
         "(env.rg_datasets, single turn or with the Python tool; the reasoning-gym extra); "
         "'swe' = fix a repository until its tests pass (shell and edit tools, SWE-bench-style "
         "grading); 'agent' = your agent program over the OpenAI API (env.agent or "
-        "env.agent_command, docs/agents.md); or your own: 'package.module:attr' or "
+        "env.agent_command, docs/agents.md); 'openenv' = an OpenEnv environment server "
+        "(env.openenv_app or env.openenv_url, docs/openenv.md); or your own: "
+        "'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
     )
@@ -33,7 +35,8 @@ class EnvConfig(_Section):
         description="your own env.name: keyword arguments of its factory (or of the class's "
         "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'reasoning_gym': a table per "
         "dataset of env.rg_datasets, its sampling `weight` (default 1) and the dataset's own "
-        "config fields, e.g. {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}",
+        "config fields, e.g. {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}; env "
+        "'openenv': arguments of each episode's reset besides the seed",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -88,7 +91,7 @@ class EnvConfig(_Section):
         "<bash>...</bash>); 'hermes' = <tool_call>{json}</tool_call> (Qwen3, Hermes and most "
         "chat models); 'llama3' = the whole turn is {'name': ..., 'parameters': {...}} as JSON "
         "(Llama 3.1-3.3 JSON tool calling, envs 'math' and 'reasoning_gym'); envs 'math', "
-        "'reasoning_gym' and 'swe'",
+        "'reasoning_gym' and 'swe' (env 'openenv': 'llama3', else 'hermes')",
     )
     tools: list[str] = Field(
         default_factory=list,
@@ -141,14 +144,14 @@ class EnvConfig(_Section):
     )
     system_prompt: str = Field(
         "",
-        description="envs 'math' and 'reasoning_gym': a system message opening each episode; "
-        "a row whose prompt messages have their own system message keeps that one",
+        description="envs 'math', 'reasoning_gym' and 'openenv': a system message opening "
+        "each episode; a row whose prompt messages have their own system message keeps that one",
     )
     instructions: bool = Field(
         True,
         description="envs 'math' and 'reasoning_gym': put saorl's instructions (the tool's "
         "syntax, how to give the answer) before each problem; false = the dataset's prompt as "
-        "it is",
+        "it is; env 'openenv': the tool's syntax before the first observation",
     )
     data_root: str = Field(
         "",
@@ -242,6 +245,23 @@ class EnvConfig(_Section):
         "(a free port); loopback unless set",
     )
 
+    openenv_app: str = Field(
+        "",
+        description="env 'openenv': an OpenEnv app 'package.module:app' or 'file.py:app' "
+        "(stored absolute), served in-process on 127.0.0.1 by each process that runs episodes; "
+        "docs/openenv.md",
+    )
+    openenv_url: str = Field(
+        "",
+        description="env 'openenv': instead of env.openenv_app, the URL of a running OpenEnv "
+        "server (http://host:port); one WebSocket session per episode",
+    )
+    openenv_tool: str = Field(
+        "",
+        description="env 'openenv': the name of the tool the action is offered as; '' = from "
+        "the action model's name (GuessAction -> 'guess')",
+    )
+
     @field_validator("name")
     @classmethod
     def _check_env_name(cls, value: str) -> str:
@@ -265,6 +285,18 @@ class EnvConfig(_Section):
         # '.', and a path that does not exist is left for the loader's error to name.
         if value and ("/" in value or "." in value) and os.path.exists(value):
             return os.path.abspath(value)
+        return value
+
+    @field_validator("openenv_app")
+    @classmethod
+    def _check_openenv_app(cls, value: str) -> str:
+        return check_reference(value, builtins=(), what="OpenEnv app") if value else value
+
+    @field_validator("openenv_url")
+    @classmethod
+    def _check_openenv_url(cls, value: str) -> str:
+        if value and not re.match(r"^(https?|wss?)://[^/\s]+", value):
+            raise ValueError(f"{value!r} is not a server URL like http://127.0.0.1:8000")
         return value
 
     @field_validator("agent")
@@ -314,7 +346,7 @@ class EnvConfig(_Section):
             _check_rg(self.rg_datasets, self.args)
         elif self.rg_datasets:
             raise ValueError(f"env.rg_datasets is for env.name = {' or '.join(map(repr, RG_ENVS))}")
-        if self.args and tasks in BUILTIN_ENVS and tasks not in RG_ENVS:
+        if self.args and tasks in BUILTIN_ENVS and tasks not in (*RG_ENVS, "openenv"):
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
@@ -323,6 +355,17 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.name = 'agent' runs an agent program: set exactly one of env.agent "
                 "('file.py:fn') and env.agent_command ('python agent.py')"
+            )
+        if self.name == "openenv" and bool(self.openenv_app) == bool(self.openenv_url):
+            raise ValueError(
+                "env.name = 'openenv' talks to an OpenEnv server: set exactly one of "
+                "env.openenv_app ('my_env.server:app') and env.openenv_url "
+                "('http://127.0.0.1:8000')"
+            )
+        if self.name == "openenv" and self.reward_fns:
+            raise ValueError(
+                "env.reward_fns: env 'openenv' is rewarded by its server (the sum of its step "
+                "rewards); compute other rewards in the environment"
             )
         if self.agent_tasks == "agent":
             raise ValueError("env.agent_tasks names the task source, not 'agent'")
@@ -334,7 +377,15 @@ class EnvConfig(_Section):
         return self
 
 
-BUILTIN_ENVS = ("arithmetic", "tool_arithmetic", "math", "reasoning_gym", "swe", "agent")
+BUILTIN_ENVS = (
+    "arithmetic",
+    "tool_arithmetic",
+    "math",
+    "reasoning_gym",
+    "swe",
+    "agent",
+    "openenv",
+)
 # The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
 RG_ENVS = ("reasoning_gym",)
 

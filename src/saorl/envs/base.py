@@ -39,7 +39,9 @@ class Env(Protocol):
     offload: bool
     # Optional, not part of the protocol: a `tools` attribute, a list of tool schemas
     # (`saorl.envs.tools.FunctionTools.schemas`), read after `reset` and passed to the chat
-    # template as `tools=`.
+    # template as `tools=`. And `end_episode()`, called from the rollout worker's thread when
+    # the episode ends, however it ends: it releases what the episode holds (a server
+    # session), without blocking.
 
     async def reset(self, task: Any) -> list[Message]:
         """The opening messages of the episode (system and user turns)."""

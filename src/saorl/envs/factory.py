@@ -145,6 +145,10 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
         from saorl.envs.agent import build_agent_spec
 
         return build_agent_spec(cfg, held_out_only, _build_env)
+    elif cfg.name == "openenv":
+        from saorl.envs.openenv import build_openenv_spec
+
+        return build_openenv_spec(cfg, held_out_only)
     elif cfg.name == "reasoning_gym":
         from saorl.envs.reasoning_gym import build_rg_spec
 

@@ -171,6 +171,13 @@ def lognormal_lengths(median: int, sigma: float, seed: int) -> Callable[[], int]
     return lambda: max(1, round(median * rng.lognormvariate(0.0, sigma)))
 
 
+async def _settle(timeout_s: float) -> None:
+    """Wait (at most `timeout_s`) for the other tasks of this event loop."""
+    others = asyncio.all_tasks() - {asyncio.current_task()}
+    if others:
+        await asyncio.wait(others, timeout=timeout_s)
+
+
 class RolloutWorker:
     """Keeps one engine full of episodes from a shared `PromptFeed`.
 
@@ -307,6 +314,10 @@ class RolloutWorker:
     def _emit(self, ep: Episode, reason: str) -> None:
         self.active -= 1
         self.episodes.pop(id(ep), None)
+        end = getattr(ep.env, "end_episode", None)
+        if end is not None:  # e.g. an OpenEnv session: closed with its episode, however
+            with contextlib.suppress(Exception):  # a failed cleanup does not end the run
+                end()
         self.out.put(ep.finish(reason, key=task_key(ep.task)))
 
     def _on_turn(self, c: Completion) -> None:
@@ -453,4 +464,7 @@ class RolloutWorker:
         if self.agents is not None:
             self.agents.close()
         if self._bg_loop is not None:
+            if self._bg_loop.is_running():  # what episodes' ends scheduled (closing sessions)
+                with contextlib.suppress(Exception):
+                    asyncio.run_coroutine_threadsafe(_settle(5.0), self._bg_loop).result(10)
             self._bg_loop.call_soon_threadsafe(self._bg_loop.stop)
