@@ -121,32 +121,25 @@ class PolicyUpdate:
         # algorithm.correction: per-token weights from the trainer/engine ratio (corrections.py)
         trainer = reference if algo.policy_loss == "ppo_clip" else logprobs
         weights, cm = policy_correction(algo, trainer, x.rollout_logprobs, mask)
-        if algo.policy_loss == "dis":
-            loss, pm = dis_policy_loss(
-                logprobs,
-                reference,
-                advantages,
-                mask,
-                eps_low=algo.eps_low,
-                eps_high=algo.eps_high,
-                agg=algo.loss_agg,
-                tensors=True,
-                token_weights=weights,
-            )
-        elif algo.policy_loss == "ppo_clip":
-            loss, pm = ppo_clip_policy_loss(
-                logprobs,
-                reference,
-                advantages,
-                mask,
-                eps_low=algo.clip_eps_low,
-                eps_high=algo.clip_eps_high,
-                agg=algo.loss_agg,
-                tensors=True,
-                token_weights=weights,
-            )
-        else:
+        # DIS's band against the engine, or PPO clip's against the old policy (`reference`).
+        losses = {
+            "dis": (dis_policy_loss, algo.eps_low, algo.eps_high),
+            "ppo_clip": (ppo_clip_policy_loss, algo.clip_eps_low, algo.clip_eps_high),
+        }
+        if algo.policy_loss not in losses:
             raise ValueError(f"algorithm.policy_loss: unknown loss {algo.policy_loss!r}")
+        loss_fn, eps_low, eps_high = losses[algo.policy_loss]
+        loss, pm = loss_fn(
+            logprobs,
+            reference,
+            advantages,
+            mask,
+            eps_low=eps_low,
+            eps_high=eps_high,
+            agg=algo.loss_agg,
+            tensors=True,
+            token_weights=weights,
+        )
         # Aggregated like the loss, so that weighting by the share sums to the batch value.
         ent = masked_aggregate(entropy, mask, algo.loss_agg)
         if algo.entropy_coef:
