@@ -116,6 +116,9 @@ class Learner(PolicyUpdate):
         self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
         # Log-probs run through this module's forward: FSDP2's root hooks gather the head there.
         self.policy_fwd = PolicyLogprobs(self.policy)
+        # algorithm.kl_reference = "initial": made at the first policy update (or from a
+        # checkpoint), never trained.
+        self.ref_policy: PolicyLogprobs | None = None
         self.sharding.shard(self.policy_fwd)
         self.policy_params = [p for p in self.policy.parameters() if p.requires_grad]
         self.policy_opt = adamw(self.policy_params, cfg.learner.lr, cfg.learner.weight_decay)
@@ -231,6 +234,21 @@ class Learner(PolicyUpdate):
                 self.version += 1
                 self.policy_sched.step()
 
+    def _reference_logprobs(self, mb: Batch) -> torch.Tensor:
+        """Log-probs of `mb`'s tokens under the frozen reference (`algorithm.kl_reference =
+        "initial"`): the policy as it was at the first policy update, copied then."""
+        if self.ref_policy is None:
+            self.ref_policy = frozen_copy(self.policy)
+        with torch.no_grad(), self._amp(), replay_routing(self.replay, mb):
+            return self.ref_policy(
+                mb.input_ids,
+                mb.attention_mask,
+                temperature=self.cfg.rollout.temperature,
+                chunk_size=self.cfg.model.logprob_chunk_size,
+                packed=self.cfg.learner.micro_batch_tokens > 0,
+                lengths=mb.lengths,
+            )
+
     def _logprobs(self, mb: Batch, return_entropy: bool = False) -> Any:
         with self._amp(), replay_routing(self.replay, mb):  # mixed precision, MoE routing replay
             return self.policy_fwd(
@@ -300,6 +318,7 @@ class Learner(PolicyUpdate):
             "policy_sched": self.policy_sched.state_dict(),
             "skipped_steps": self.skipped_steps,
             "baseline": self.baseline.state_dict(),
+            **({"ref_policy": self.ref_policy.state_dict()} if self.ref_policy else {}),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -326,6 +345,9 @@ class Learner(PolicyUpdate):
         self.skipped_steps = state.get("skipped_steps", 0)
         if "baseline" in state:
             self.baseline.load_state_dict(state["baseline"])
+        if "ref_policy" in state:  # the reference of kl_reference = "initial"
+            self.ref_policy = frozen_copy(self.policy)
+            self.ref_policy.load_state_dict(state["ref_policy"])
 
     # -- what the training loop asks of a learner (`saorl.interfaces.Learner`) -----------------
     def warm_up(self, spec: EnvSpec, tokenizer: Any, progress: TrainProgress | None) -> None:
@@ -361,3 +383,13 @@ class Learner(PolicyUpdate):
     def close(self) -> None:
         """The critic's worker thread (or actor) ends."""
         self.critic_updater.close()
+
+
+def frozen_copy(policy: nn.Module) -> PolicyLogprobs:
+    """A copy of `policy` that never trains (eval mode, no gradients), wrapped for log-probs."""
+    import copy
+
+    ref = copy.deepcopy(policy).eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return PolicyLogprobs(ref)

@@ -101,6 +101,22 @@ def sampler_kl_penalty(
     return masked_aggregate(k3(d), mask, agg)
 
 
+def reference_kl_penalty(
+    logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, agg: Aggregation = "token_mean"
+) -> Tensor:
+    """k3 estimate of ``KL(current || reference)`` (a frozen copy of the policy as RL started),
+    aggregated by :func:`masked_aggregate`: ``algorithm.kl_coef``'s penalty with
+    ``algorithm.kl_reference = "initial"`` (TRL's ``beta`` with a ``ref_model``).
+
+    The tokens were sampled by (a recent version of) the current policy, so :func:`k3` gets
+    ``ref_logprobs - logprobs``: ``exp(ref - logp) - 1 - (ref - logp)``, never negative. Its
+    gradient with respect to a token's log-prob is ``1 - ref / current`` times that token's
+    weight: it pulls the policy back towards the reference. ``ref_logprobs`` are constants.
+    """
+    d = _zero_outside(ref_logprobs.detach() - logprobs, mask.bool())
+    return masked_aggregate(k3(d), mask, agg)
+
+
 @torch.no_grad()
 def _masked_stats(x: Tensor, m: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Mean, min and max of ``x`` over ``m`` (float64, 0-dim); all 0 when ``m`` is empty."""

@@ -24,6 +24,7 @@ from saorl.losses import (
     masked_aggregate,
     positive_lm_loss,
     ppo_clip_policy_loss,
+    reference_kl_penalty,
     sampler_kl_penalty,
 )
 from saorl.models.routing import replay_routing
@@ -42,7 +43,7 @@ class PolicyUpdate:
     sharding: Any
     replay: Any
     version: int
-    # And the learner's methods `_logprobs`, `_micro_batches` and `_settle`.
+    # And the learner's methods `_logprobs`, `_reference_logprobs`, `_micro_batches`, `_settle`.
 
     def _update_policy(
         self,
@@ -144,7 +145,10 @@ class PolicyUpdate:
         ent = masked_aggregate(entropy, mask, algo.loss_agg)
         if algo.entropy_coef:
             loss = loss - algo.entropy_coef * ent
-        if algo.kl_coef:  # optional penalty: k3 estimate of KL(rollout || current)
+        if algo.kl_coef and algo.kl_reference == "initial":  # KL(current || policy at RL start)
+            ref = self._reference_logprobs(x)
+            loss = loss + algo.kl_coef * reference_kl_penalty(logprobs, ref, mask, algo.loss_agg)
+        elif algo.kl_coef:  # k3 estimate of KL(rollout || current)
             kl = sampler_kl_penalty(logprobs, x.rollout_logprobs, mask, algo.loss_agg)
             loss = loss + algo.kl_coef * kl
         total = loss * w

@@ -326,9 +326,16 @@ class AlgorithmConfig(_Section):
     kl_coef: float = Field(
         0.0,
         ge=0,
-        description="per-token k3 penalty on KL(the policy that sampled the token || current "
-        "policy), from the engine's recorded log-probs (unbiased: that policy sampled the "
-        "tokens); not a reference/initial-policy KL; paper: 0 (none)",
+        description="per-token k3 KL penalty coefficient (TRL's beta), against kl_reference; "
+        "paper: 0 (none)",
+    )
+    kl_reference: Literal["sampler", "initial"] = Field(
+        "sampler",
+        description="what kl_coef penalises the policy's distance to: 'sampler' = the policy "
+        "that sampled each token (KL(sampler || current) from the engine's recorded log-probs, "
+        "no extra work); 'initial' = a frozen copy of the policy as RL starts (KL(current || "
+        "initial): TRL's ref_model, verl's use_kl_loss; one more forward pass a micro-batch, "
+        "one more copy of the weights, kept in checkpoints; not with learner.fsdp)",
     )
     entropy_coef: float = Field(
         0.0, ge=0, description="per-token entropy bonus coefficient; paper: 0 (none)"

@@ -383,6 +383,15 @@ class Config(_Section):
                 "model.lora_rank / critic.lora_rank with learner.fsdp=true is not supported yet "
                 "(docs/lora.md); set learner.fsdp=false or the LoRA ranks to 0"
             )
+        if (
+            self.learner.fsdp
+            and self.algorithm.kl_reference == "initial"
+            and self.algorithm.kl_coef
+        ):
+            raise ValueError(
+                "algorithm.kl_reference = 'initial' with learner.fsdp=true is not supported yet "
+                "(the frozen reference copy is not sharded); use kl_reference = 'sampler'"
+            )
         return self
 
 
