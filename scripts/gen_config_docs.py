@@ -162,6 +162,9 @@ file or an override); fields a preset does not name keep their defaults, SAO's r
 (`saorl.config.presets`; `saorl train --help-config` prints the same list)."""
 
 
+EXAMPLE = ROOT / "examples" / "sao.toml"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="exit 1 if the file is stale")
@@ -180,7 +183,16 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(text, encoding="utf-8")
     print(f"wrote {args.out}")
+    EXAMPLE.write_text(example_config(), encoding="utf-8")
+    print(f"wrote {EXAMPLE}")
     return 0
+
+
+def example_config() -> str:
+    """examples/sao.toml: every field at its default, each under its description."""
+    from saorl.config import Config, config_to_toml
+
+    return config_to_toml(Config(), comments=True)
 
 
 if __name__ == "__main__":

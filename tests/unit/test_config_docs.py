@@ -46,6 +46,14 @@ def test_config_reference_is_up_to_date() -> None:
         )
 
 
+def test_example_config_is_generated() -> None:
+    # examples/sao.toml lists every field with its description: written by the same script.
+    gen = _generator()
+    assert gen.EXAMPLE.read_text(encoding="utf-8") == gen.example_config(), (
+        "examples/sao.toml is out of date: run `python scripts/gen_config_docs.py`"
+    )
+
+
 def test_every_config_field_has_a_description() -> None:
     missing = _generator().missing_descriptions()
     assert not missing, (
