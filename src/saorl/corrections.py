@@ -181,10 +181,10 @@ POSITION_BUCKETS: tuple[int, ...] = (0, 64, 256, 1024)
 
 
 def _bucket_names(edges: tuple[int, ...]) -> list[str]:
-    """``(0, 1, 2, 4)`` -> ``["0", "1", "2-3", "4+"]``."""
+    """``(0, 1, 2, 4)`` -> ``["0", "1", "2-3", "4up"]`` (no "+": MLflow refuses it in a name)."""
     names = []
     for lo, hi in zip(edges, (*edges[1:], None), strict=True):
-        names.append(f"{lo}+" if hi is None else (f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"))
+        names.append(f"{lo}up" if hi is None else (f"{lo}" if hi == lo + 1 else f"{lo}-{hi - 1}"))
     return names
 
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import socket
 import struct
 import time
@@ -54,6 +55,15 @@ INSTALL_HINT = "pip install 'saorl[tracking]'"
 # Columns of the samples table (wandb.Table); samples.jsonl rows hold these and more.
 SAMPLE_COLUMNS = ("step", "index", "reward", "staleness", "stop_reason", "advantage_mean",
                   "transcript")  # fmt: skip
+
+
+def mlflow_key(key: str) -> str:
+    """`key` with every character MLflow refuses in a metric name (all but letters, digits,
+    `_ - . : /` and spaces) replaced by `_`: a reward function's own metric names (a verl dict's
+    keys) can hold any character, and one refused name fails the whole batch."""
+    return re.sub(r"[^\w\-. :/]", "_", key, flags=re.ASCII)
+
+
 _PACKAGES = {"tensorboard": ("tensorboardX",), "wandb": ("wandb",), "mlflow": ("mlflow",)}
 
 
@@ -304,7 +314,7 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        batch = [Metric(k, v, now, step) for k, v in metrics.items()]
+        batch = [Metric(mlflow_key(k), v, now, step) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)
 
     def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:

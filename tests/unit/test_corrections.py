@@ -156,13 +156,13 @@ def test_gap_by_staleness_and_position_by_hand() -> None:
     k3 = [math.expm1(x) - x for x in (0.1, -0.2, 0.3, 0.5)]
     sums = {k: v.item() for k, v in gap_sums(d, mask, stale, pos).items()}
     assert sums["gap/tokens_stale0"] == 2 and sums["gap/tokens_stale2-3"] == 1
-    assert sums["gap/tokens_stale8+"] == 1 and sums["gap/tokens_stale1"] == 0
+    assert sums["gap/tokens_stale8up"] == 1 and sums["gap/tokens_stale1"] == 0
     assert sums["gap/k3_sum_stale0"] == pytest.approx(k3[0] + k3[1])
     assert sums["gap/tokens_pos0-63"] == 2 and sums["gap/tokens_pos64-255"] == 1
-    assert sums["gap/tokens_pos256-1023"] == 1 and sums["gap/tokens_pos1024+"] == 0
+    assert sums["gap/tokens_pos256-1023"] == 1 and sums["gap/tokens_pos1024up"] == 0
     finish_gaps(sums)
     assert sums["gap/k3_stale0"] == pytest.approx((k3[0] + k3[1]) / 2)
-    assert sums["gap/k3_stale8+"] == pytest.approx(k3[3])
+    assert sums["gap/k3_stale8up"] == pytest.approx(k3[3])
     assert sums["gap/k3_stale1"] is None
     assert not any(k.startswith("gap/k3_sum_") for k in sums)
 

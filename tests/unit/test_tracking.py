@@ -216,3 +216,10 @@ def test_per_row_advantages_travel_in_the_metrics_and_come_out_before_logging() 
                     1: {"mean": 3.0, "min": 3.0, "max": 3.0}}  # fmt: skip
     assert row_advantages(adv, mask, rows=1).keys() == {
         "sample/advantage_mean/0", "sample/advantage_min/0", "sample/advantage_max/0"}  # fmt: skip
+
+
+def test_mlflow_metric_names_are_made_acceptable():
+    from saorl.tracking import mlflow_key
+
+    assert mlflow_key("gap/k3_stale2-3") == "gap/k3_stale2-3"
+    assert mlflow_key("reward/fn/acc@k+1 é") == "reward/fn/acc_k_1 _"
