@@ -30,7 +30,10 @@ def test_compare_two_arms_two_seeds_in_parallel(tmp_path: Path) -> None:
            "--jobs", "2", "--out", str(out), "run.seed=3", *TINY]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stdout.strip() == str(out / "index.html")
+    # The arms table (one row per arm, each with its seeds), then the report's path.
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == str(out / "index.html")
+    assert [r.split()[:2] for r in lines[1:3]] == [["sao", "2"], ["grpo", "2"]]
     for arm in ("sao", "grpo"):
         for seed in (3, 4):
             run = out / arm / f"seed{seed}"
