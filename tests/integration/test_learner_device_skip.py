@@ -173,7 +173,14 @@ def test_a_checkpoint_of_unfused_optimizers_loads_into_fused_ones(tiny_policy):
 _READS = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
                     torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.cpu,
                     torch.Tensor.numpy})  # fmt: skip
-_OWN = ("learner.py", "critic_updater.py", "sharding.py", "advantages.py")
+_OWN = (
+    "learner.py",
+    "policy_step.py",
+    "critic_updater.py",
+    "sharding.py",
+    "advantages.py",
+    "corrections.py",
+)
 
 
 class _LearnerReads(TorchFunctionMode):
@@ -207,7 +214,7 @@ class _LearnerReads(TorchFunctionMode):
          [("tolist", "learner.py"), ("__int__", "advantages.py"), ("tolist", "sharding.py")]),
         # During the lr warm-up the first mini-batch's flag is read at once.
         (("algorithm.minibatches=2", "learner.lr_warmup_steps=5"),
-         [("tolist", "learner.py"), ("__bool__", "learner.py"), ("tolist", "sharding.py")]),
+         [("tolist", "learner.py"), ("__bool__", "policy_step.py"), ("tolist", "sharding.py")]),
     ],
 )  # fmt: skip
 def test_the_step_reads_the_device_once_for_its_metrics(tiny_policy, overrides, expected):
