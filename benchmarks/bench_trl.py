@@ -7,7 +7,8 @@
 Trainers (`--trainers`), run one after another in this process for every seed:
 
     trl_grpo  TRL `GRPOTrainer` with the settings of saorl's `grpo` preset (below)
-    sao       `saorl train` (algorithm.name = sao: single rollouts, critic, DIS; asynchronous)
+    sao       `saorl train` (algorithm.name = sao: single rollouts, critic, DIS; asynchronous;
+              critic.concurrent at its default, "auto")
     sao_concurrent  the same with `critic.concurrent = true`: the critic's updates on a thread
               of their own beside the policy update (on 2 cores they share the rollout
               thread's core while it waits for the learner)

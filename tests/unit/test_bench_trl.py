@@ -173,7 +173,9 @@ def test_each_saorl_arm_resolves_to_its_algorithm() -> None:
         name: make_config(None, bench_trl.arm_overrides(name, args)) for name in bench_trl.TRAINERS
     }
     assert resolved["sao"].algorithm.name == resolved["sao_concurrent"].algorithm.name == "sao"
-    assert resolved["sao_concurrent"].critic.concurrent and not resolved["sao"].critic.concurrent
+    # `sao` runs at the defaults (critic.concurrent = "auto"); `sao_concurrent` forces it on.
+    assert resolved["sao_concurrent"].critic.concurrent is True
+    assert resolved["sao"].critic.concurrent == "auto"
     assert resolved["grpo"].learner.lr == resolved["trl_grpo"].learner.lr == 3e-5
     assert resolved["grpo_dis"].learner.lr == resolved["sao"].learner.lr
 
