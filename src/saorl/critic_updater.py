@@ -134,14 +134,17 @@ def concurrent_critic(cfg: Config, learner_device: torch.device) -> tuple[bool, 
 
     'auto' turns it on where the two updates have hardware to overlap on: a device of the
     critic's own, or a CPU with cores for both (each update uses `run.torch_threads`); it stays
-    off on one shared accelerator, where it would hold both updates' activations at once, and
-    under `run.deterministic` (one thread of work at a time).
+    off on one shared accelerator, where it would hold both updates' activations at once, under
+    `run.deterministic` (one thread of work at a time) and with `learner.fsdp` (the overlap there
+    needs a process group of the critic's own beside the policy's: asked for, not assumed).
     """
     setting = cfg.critic.concurrent
     if setting != "auto":
         return bool(setting), f"critic.concurrent = {str(setting).lower()}"
     if cfg.run.deterministic:
         return False, "auto: off under run.deterministic (one thread of work at a time)"
+    if cfg.learner.fsdp:  # a second process group beside the policy's: opt-in only
+        return False, "auto: off with learner.fsdp (set critic.concurrent = true to overlap)"
     device = critic_device(cfg, learner_device)
     if device != learner_device:
         return True, f"auto: the critic has a device of its own ({device})"

@@ -40,6 +40,11 @@ def test_auto_is_off_on_one_shared_accelerator_and_on_with_a_device_of_its_own(m
     assert on is True and "device of its own (cuda:1)" in why
 
 
+def test_auto_is_off_with_fsdp():
+    on, why = concurrent_critic(tiny_config("learner.fsdp=true"), CPU)
+    assert on is False and "learner.fsdp" in why
+
+
 def test_auto_is_off_under_deterministic_runs():
     on, why = concurrent_critic(tiny_config("run.deterministic=true"), CPU)
     assert on is False and "deterministic" in why

@@ -72,7 +72,7 @@ class CriticConfig(_Section):
         "group of their own with learner.fsdp; a step then takes the longer of the two, not the "
         "sum. 'auto' = on where it pays: the critic on a device of its own, or a CPU with a "
         "core to spare for it; off where both would share one GPU (both updates' activations "
-        "at once) or under run.deterministic; summary.json says which and why",
+        "at once), with learner.fsdp or under run.deterministic; summary.json says which and why",
     )
     device: str = Field(
         "",
