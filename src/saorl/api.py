@@ -219,6 +219,7 @@ def evaluate(
     progress: bool = False,
     prompt_template: str = "saorl",
     trust_remote_code: bool = False,
+    greedy: bool = False,
 ) -> dict[str, Any]:
     """Evaluate as `saorl eval MODEL` does; returns its summary (avg@k, pass@k, maj@k, ...).
 
@@ -226,7 +227,8 @@ def evaluate(
     or with `base_url` a served model's name. `config` defaults to the run's config.toml when
     `model` belongs to a run, else the defaults. `out`: also write the per-problem JSONL and
     the summary there, and print the table, as the command does. `prompt_template`: as
-    `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`).
+    `--prompt-template` (`saorl`, `boxed`, `qwen_math` or a text with `{problem}`). `greedy`:
+    as `--greedy`, argmax decoding (temperature 0 over `base_url`).
     """
     for name, value in (("k", k), ("limit", limit)):
         if value is not None and value < 1:
@@ -242,6 +244,7 @@ def evaluate(
         base_url=base_url,
         api_key=api_key,
         progress=progress,
+        greedy=greedy,
         prompt_template=prompt_template,
     )
     if out is not None:

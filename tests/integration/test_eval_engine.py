@@ -53,3 +53,12 @@ def test_in_training_evaluation_samples_with_the_configured_engine(engines_asked
     metrics = learner.evaluate(build_env(cfg.env), tokenizer)
     assert 0.0 <= metrics["eval/accuracy"] <= 1.0
     assert engines_asked == [("vllm", True), ("vllm", True)]  # greedy, then sampled
+
+
+def test_the_python_api_evaluates_greedily_as_the_command_does():
+    # `saorl.evaluate(..., greedy=True)` is `saorl eval --greedy`: argmax, so k samples of a
+    # problem are one text, and the summary says so.
+    over = ["env.eval_size=4", "rollout.max_new_tokens=3", "model.max_seq_len=32"]
+    summary = api.evaluate("builtin:tiny", overrides=over, k=3, greedy=True)
+    assert summary["greedy"] is True
+    assert api.evaluate("builtin:tiny", overrides=over, k=1)["greedy"] is False
