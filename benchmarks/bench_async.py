@@ -97,8 +97,8 @@ from saorl.config import load_config
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.envs.factory import build_env
 from saorl.loop import train_from_config
-from saorl.metrics import read_metrics
 from saorl.models.loading import load_policy
+from saorl.monitoring.metrics import read_metrics
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.factory import build_engine
 from saorl.rollout.hf_engine import HFEngine

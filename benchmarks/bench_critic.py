@@ -73,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from saorl.config import load_config
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
 
     torch.set_num_threads(args.threads)

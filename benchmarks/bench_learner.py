@@ -64,7 +64,7 @@ def _lengths(rows: int, seed: int) -> list[int]:
 
 def _learner_variant(variant: str, rows: int, steps: int, seed: int) -> dict:
     from saorl.config import load_config
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
     from saorl.models.logprobs import sequence_logprobs
     from saorl.models.packing import plan_token_micro_batches
@@ -181,7 +181,7 @@ def _checkpointing_variant(variant: str, rows: int, seq: int) -> dict:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     from saorl.config import load_config
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.logprobs import sequence_logprobs
     from saorl.types import Batch, Trajectory
 

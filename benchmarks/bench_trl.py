@@ -53,8 +53,8 @@ other processes); on a quiet machine compare `--trl-threads 2`.
 Held-out accuracy: no trainer evaluates while it trains. Every `--eval-every` steps the policy
 is snapshotted (saorl: its checkpoint, `run.checkpoint_every`; TRL: a `TrainerCallback` copies
 the weights into memory), and after the run every snapshot is evaluated with
-`saorl.evaluation.evaluate_policy` (what `saorl train` logs as `eval/accuracy`: avg@k over
-`run.eval_samples` samples at the rollout temperature on the env's held-out problems, and
+`saorl.evaluation.evaluation.evaluate_policy` (what `saorl train` logs as `eval/accuracy`: avg@k
+over `run.eval_samples` samples at the rollout temperature on the env's held-out problems, and
 greedy accuracy), with the same seed for all, so equal weights give equal figures. (Evaluating
 inside a saorl run would let its rollout thread keep generating while the learner evaluates,
 which an evaluation-free run does not get.)
@@ -197,8 +197,8 @@ def export_warm_model(overrides: list[str], out: Path) -> dict[str, Any]:
 
     from saorl.config import load_config
     from saorl.envs.factory import build_env
+    from saorl.learner.sft import supervised_warmup
     from saorl.models.loading import load_policy, save_pretrained
-    from saorl.sft import supervised_warmup
 
     cfg = load_config(None, overrides)
     torch.set_num_threads(os.cpu_count() or 1)  # not timed: the warm-up is shared
@@ -211,7 +211,7 @@ def export_warm_model(overrides: list[str], out: Path) -> dict[str, Any]:
 
 
 class Evaluator:
-    """`saorl.evaluation.evaluate_policy` of policy weights, on one model object."""
+    """`saorl.evaluation.evaluation.evaluate_policy` of policy weights, on one model object."""
 
     def __init__(self, cfg: Any) -> None:
         from saorl.envs.factory import build_env
@@ -224,7 +224,7 @@ class Evaluator:
     def __call__(self, state: dict[str, Any] | None) -> dict[str, float]:
         import torch
 
-        from saorl.evaluation import evaluate_policy
+        from saorl.evaluation.evaluation import evaluate_policy
 
         if state is not None:
             self.model.load_state_dict(state)
@@ -272,8 +272,8 @@ def run_saorl(name: str, base: list[str], evaluate: Evaluator) -> dict[str, Any]
     import shutil
 
     from saorl.api import make_config, train
-    from saorl.checkpoint import list_checkpoints, load_state_file
-    from saorl.metrics import read_metrics
+    from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
+    from saorl.monitoring.metrics import read_metrics
 
     cfg = make_config(None, [*base, f"run.name={name}"])
     t0 = time.perf_counter()
@@ -315,7 +315,7 @@ def learner_gflops(arm: list[str]) -> float:
     from torch.utils.flop_counter import FlopCounterMode
 
     from saorl.api import make_config
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
     from saorl.types import Batch, Trajectory
 

@@ -6,8 +6,8 @@ group baseline with a critic. This script runs it top to bottom on a tiny random
 model and a char-level tokenizer, on CPU, in about a minute:
 
 1. Build a 2-layer, 128-wide dense Qwen3 model over saorl's char tokenizer (random init).
-2. Supervised warm-up (`saorl.sft`): a few hundred cross-entropy steps on "a+b=" -> "sum<eos>",
-   so the policy starts weak but not hopeless (held-out greedy accuracy ~20-40%).
+2. Supervised warm-up (`saorl.learner.sft`): a few hundred cross-entropy steps on "a+b=" ->
+   "sum<eos>", so the policy starts weak but not hopeless (held-out greedy accuracy ~20-40%).
 3. Copy the policy into a critic (`Critic`: same backbone, zero-init value head) and freeze
    the critic's attention (`freeze_attention`); critic lr = 5x policy lr.
 4. Each RL step:
@@ -44,6 +44,7 @@ from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.envs.arithmetic import ArithmeticTask, Problem
+from saorl.learner.sft import encode_demos, sft_step
 from saorl.losses import dis_policy_loss, value_loss
 from saorl.models.critic import Critic, freeze_attention
 from saorl.models.loading import adamw
@@ -51,7 +52,6 @@ from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
-from saorl.sft import encode_demos, sft_step
 from saorl.types import Batch, Trajectory
 
 MAX_NEW_TOKENS = 6  # a 2-digit sum has at most 3 digits + EOS; a little slack to go wrong

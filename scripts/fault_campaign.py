@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from saorl.checkpoint import checkpoint_dir, list_checkpoints, load_latest_checkpoint
+from saorl.checkpoint.checkpoint import checkpoint_dir, list_checkpoints, load_latest_checkpoint
 from saorl.faults import POINTS
 from tests.faults._common import TINY_SYNC, assert_same_metrics, metric_rows, saorl_cmd
 

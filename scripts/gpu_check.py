@@ -308,7 +308,7 @@ def part_learner(args: argparse.Namespace) -> dict[str, Any]:
     from saorl.config import load_config
     from saorl.distributed.fsdp import FSDPSharding
     from saorl.distributed.weight_sync import free_port
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
     from saorl.models.logprobs import sequence_logprobs
     from saorl.types import Batch, Trajectory

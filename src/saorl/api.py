@@ -234,7 +234,7 @@ def evaluate(
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     cfg = eval_config(model, config, overrides, env, trust_remote_code=trust_remote_code)
-    from saorl.evaluation import run_eval, write_results  # imports torch
+    from saorl.evaluation.evaluation import run_eval, write_results  # imports torch
 
     summary, rows = run_eval(
         str(model),

@@ -31,7 +31,7 @@ from saorl import api
 from saorl.cli_parser import build_parser
 from saorl.config import Config, ConfigError, config_to_toml, describe_config
 from saorl.envs.swe import commands as swe_commands
-from saorl.terminal import escaped_output, printable
+from saorl.monitoring.terminal import escaped_output, printable
 from saorl.trust import FLAG, load_trusted
 
 
@@ -84,7 +84,7 @@ def _value_pretrain(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_trusted(args.config, None, args.overrides, args.trust_remote_code)
-        from saorl.value_pretrain import value_pretrain  # imports torch
+        from saorl.learner.value_pretrain import value_pretrain  # imports torch
 
         result = value_pretrain(cfg, Path(args.out), rollouts=args.rollouts, epochs=args.epochs)
     except ConfigError as exc:
@@ -114,8 +114,8 @@ def _train(args: argparse.Namespace) -> int:
         return 0
 
     from saorl import run_lock
-    from saorl.checkpoint import list_checkpoints
-    from saorl.learner import NonFiniteError
+    from saorl.checkpoint.checkpoint import list_checkpoints
+    from saorl.learner.learner import NonFiniteError
     from saorl.signals import SignalExit, exit_code, stopped_message
 
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
@@ -160,7 +160,11 @@ def _ray_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from saorl.report import REPORT_FILE, report_run, report_runs  # matplotlib: when drawing
+    from saorl.experiments.report import (  # matplotlib: when drawing
+        REPORT_FILE,
+        report_run,
+        report_runs,
+    )
 
     dirs = [Path(d) for d in args.run_dir]
     out = None if args.out is None else Path(args.out)
@@ -179,7 +183,7 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from saorl.compare import failed_runs, run_compare, split_arms
+    from saorl.experiments.compare import failed_runs, run_compare, split_arms
 
     for flag, value in (
         ("--push-every", args.push_every),
@@ -243,7 +247,11 @@ def _eval(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
     try:
-        from saorl.evaluation import check_paths, run_eval, write_results  # imports torch
+        from saorl.evaluation.evaluation import (  # imports torch
+            check_paths,
+            run_eval,
+            write_results,
+        )
 
         check_paths(args.model, args.out, served=args.base_url is not None)
         summary, rows = run_eval(

@@ -126,7 +126,10 @@ examples:
 
 
 def _add_compare_parser(commands: Any) -> None:
-    from saorl.compare import ARMS, DEFAULT_ARMS  # no torch: the loop is imported per run
+    from saorl.experiments.compare import (  # no torch: the loop is imported per run
+        ARMS,
+        DEFAULT_ARMS,
+    )
 
     cmp = commands.add_parser(
         "compare",

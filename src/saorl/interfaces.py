@@ -6,8 +6,8 @@
 
 Where they run is an adapter's business, chosen once by `saorl.topology.build_topology`:
 
-- one process (default): `saorl.learner.Learner` and `saorl.rollout.pool.WorkerPool` (rollout
-  worker threads);
+- one process (default): `saorl.learner.learner.Learner` and `saorl.rollout.pool.WorkerPool`
+  (rollout worker threads);
 - torchrun with `learner.fsdp`: `saorl.distributed.torchrun.LeaderLearner` (rank 0 of a sharded
   learner) and a `WorkerPool` on rank 0;
 - Ray (`saorl train --ray`): `saorl.distributed.ray_learner.RayLearner` (learner actors) and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
-    from saorl.metrics import TrainProgress
+    from saorl.monitoring.metrics import TrainProgress
     from saorl.rollout.worker import PromptFeed
     from saorl.types import Batch, Trajectory
 

@@ -7,7 +7,8 @@
         -> SAO step (critic values, GAE, K critic updates, DIS policy update)
         -> push weights to the engines once `push_every` policy versions have passed since the
            last push -> log / eval / checkpoint
-        -> collapse detection on the step's metrics (`saorl.collapse`; `run.stop_on_collapse`
+        -> collapse detection on the step's metrics (`saorl.monitoring.collapse`;
+        `run.stop_on_collapse`
            ends the run here, with a checkpoint)
     final eval, checkpoint, summary.json, report.png (a NaN streak writes summary.json too)
 
@@ -33,24 +34,24 @@ from typing import Any
 import torch
 
 from saorl import interfaces
-from saorl.checkpoint import list_checkpoints, load_latest_checkpoint, save_step
-from saorl.checkpoint_shards import open_sharded
-from saorl.collapse import CollapseDetector, detect_collapse
+from saorl.checkpoint.checkpoint import list_checkpoints, load_latest_checkpoint, save_step
+from saorl.checkpoint.shards import open_sharded
 from saorl.config import Config, ConfigError, config_to_toml
-from saorl.critic_updater import concurrent_critic
 from saorl.envs.base import EnvSpec
 from saorl.envs.factory import build_env
-from saorl.learner import NonFiniteError
-from saorl.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
+from saorl.learner.critic_updater import concurrent_critic
+from saorl.learner.learner import NonFiniteError
 from saorl.models.loading import resolve_device
+from saorl.monitoring.collapse import CollapseDetector, detect_collapse
+from saorl.monitoring.metrics import MetricsLogger, TrainProgress, read_metrics, truncate_metrics
+from saorl.monitoring.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
+from saorl.monitoring.tracking import check_trackers, open_trackers
 from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
 from saorl.run_lock import claim_run_dir
 from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
-from saorl.samples import SAMPLES_FILE, SampleLogger, pop_row_advantages
 from saorl.signals import StopSignals
 from saorl.topology import Topology, build_topology
-from saorl.tracking import check_trackers, open_trackers
 from saorl.types import Batch
 
 
@@ -147,7 +148,7 @@ def _train(
 
 
 def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds: float) -> None:
-    """summary.json, with the collapse verdict of the whole run (`saorl.collapse`)."""
+    """summary.json, with the collapse verdict of the whole run (`saorl.monitoring.collapse`)."""
     summary["wall_seconds"] = seconds
     summary["run_dir"] = str(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -393,6 +394,6 @@ def _rollout_metrics(
 
 
 def _write_report(run_dir: Path) -> None:
-    from saorl.report import report_run
+    from saorl.experiments.report import report_run
 
     report_run(run_dir)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from saorl import interfaces
 from saorl.config import Config
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy, resolve_device
 from saorl.rollout.pool import WorkerPool
 

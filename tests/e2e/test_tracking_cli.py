@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from saorl.cli import main
-from saorl.metrics import read_metrics
-from saorl.samples import SAMPLES_FILE
-from saorl.tracking import TRACKERS_FILE
+from saorl.monitoring.metrics import read_metrics
+from saorl.monitoring.samples import SAMPLES_FILE
+from saorl.monitoring.tracking import TRACKERS_FILE
 from tests._tracker_readers import (
     metric_series,
     mlflow_series,

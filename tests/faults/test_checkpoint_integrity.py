@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from saorl.checkpoint import (
+from saorl.checkpoint.checkpoint import (
     DamagedCheckpointError,
     list_checkpoints,
     load_latest_checkpoint,

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint import list_checkpoints, load_state_file, save_checkpoint
+from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file, save_checkpoint
 from saorl.cli import main
-from saorl.envs.datasets import load_problems
+from saorl.envs.data.datasets import load_problems
 from saorl.envs.factory import DatasetTask
-from saorl.resume import restore_rollouts, snapshot_rollouts
+from saorl.rollout.resume import restore_rollouts, snapshot_rollouts
 from saorl.types import Trajectory
 from tests.faults._common import TINY_SYNC, run_saorl
 

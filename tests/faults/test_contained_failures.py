@@ -15,7 +15,7 @@ import torch
 
 from saorl.cli import main
 from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
-from saorl.learner import Learner, NonFiniteError
+from saorl.learner.learner import Learner, NonFiniteError
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.types import Batch, Trajectory

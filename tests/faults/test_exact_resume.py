@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint import load_latest_checkpoint
-from saorl.learner import Learner
+from saorl.checkpoint.checkpoint import load_latest_checkpoint
+from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from tests.conftest import tiny_config
 from tests.faults._common import TINY_SYNC, assert_same_metrics, metric_rows

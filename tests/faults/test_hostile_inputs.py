@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint import list_checkpoints, save_checkpoint
+from saorl.checkpoint.checkpoint import list_checkpoints, save_checkpoint
 from saorl.cli import main
 from saorl.config import load_config
 from saorl.models.loading import load_policy, save_pretrained

@@ -178,7 +178,7 @@ def test_no_template_appends_observation_text(tok):
 
 
 def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
-    from saorl.envs.math_tool import MathToolEnv
+    from saorl.envs.math.tool import MathToolEnv
 
     plain = build_char_tokenizer(with_newlines=True)
 

@@ -13,10 +13,10 @@ import string
 import pytest
 import torch
 
-from saorl.collector import BatchCollector
 from saorl.envs.arithmetic import ArithmeticTask
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
+from saorl.rollout.collector import BatchCollector
 from saorl.types import Batch, Trajectory
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

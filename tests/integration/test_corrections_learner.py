@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from saorl.corrections import lab_keys
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 

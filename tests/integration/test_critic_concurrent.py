@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from saorl.critic_updater import stochastic_in_training
-from saorl.learner import Learner
+from saorl.learner.critic_updater import stochastic_in_training
+from saorl.learner.learner import Learner
 from tests.conftest import tiny_config
 from tests.integration.test_critic_concurrent import _assert_same_metrics, _assert_same_state
 from tests.integration.test_learner import _batch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import saorl.evaluation
+import saorl.evaluation.evaluation
 from saorl import api
 from saorl.envs.factory import build_env
 from saorl.rollout.factory import build_engine
@@ -43,7 +43,7 @@ def test_saorl_eval_samples_with_the_configured_engine(engines_asked):
 
 
 def test_in_training_evaluation_samples_with_the_configured_engine(engines_asked):
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
 
     cfg = tiny_config("rollout.engine=vllm", "env.eval_size=4", "run.eval_samples=2")

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from saorl.checkpoint import (
+from saorl.checkpoint.checkpoint import (
     checkpoint_dir,
     hf_checkpoint_path,
     list_checkpoints,

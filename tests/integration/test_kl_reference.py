@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file, save_checkpoint
+from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.losses import reference_kl_penalty
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

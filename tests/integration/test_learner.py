@@ -6,7 +6,7 @@ import copy
 
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.logprobs import sequence_logprobs
 from saorl.types import Batch, Trajectory
 from tests.conftest import tiny_config

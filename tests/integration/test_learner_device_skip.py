@@ -17,9 +17,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
+from saorl.learner.sharding import step_unless_nonfinite
 from saorl.models.loading import adamw
-from saorl.sharding import step_unless_nonfinite
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 
@@ -278,7 +278,7 @@ def test_a_loaded_optimizer_state_does_not_count_on_with_the_loader():
     memory must not move that one's counters)."""
     import copy
 
-    from saorl.sharding import Sharding
+    from saorl.learner.sharding import Sharding
 
     source = torch.nn.Linear(3, 3)
     opt = torch.optim.AdamW(source.parameters(), fused=True)

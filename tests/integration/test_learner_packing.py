@@ -13,7 +13,7 @@ import copy
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.critic import Critic
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.packing import pack_rows, plan_token_micro_batches

@@ -19,7 +19,7 @@ import torch
 
 from saorl.config import ConfigError
 from saorl.envs.factory import build_env
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs

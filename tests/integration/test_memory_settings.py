@@ -10,9 +10,9 @@ import copy
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file, save_checkpoint
+from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from saorl.models.offload import OffloadedAdamW
 from tests.conftest import tiny_config

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy, save_pretrained
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.logprobs import sequence_logprobs
 from saorl.types import Batch, Trajectory
 from tests.conftest import tiny_config

@@ -13,10 +13,10 @@ import sys
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file
-from saorl.collector import BatchCollector
+from saorl.checkpoint.checkpoint import load_state_file
 from saorl.envs.factory import build_env
 from saorl.loop import train_from_config
+from saorl.rollout.collector import BatchCollector
 from saorl.rollout.worker import PromptFeed
 from tests.conftest import tiny_config
 from tests.integration.test_train_async import STOP_ON_MOST_CHARS
@@ -82,7 +82,7 @@ def test_critic_actor_steps_like_the_in_process_learner(tmp_path, local_ray):
     # ray.critic_actor: the critic and its K updates in an actor of their own, beside the
     # learner actor; the same batches give the in-process learner's metrics and weights.
     from saorl.distributed.ray_learner import RayLearner
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
     from tests.integration.test_learner import _batch
 
@@ -124,7 +124,7 @@ def _read_sharded(path, cfg) -> dict:
     """A sharded checkpoint with its policy and critic weights read back in this process."""
     import torch.distributed.checkpoint as dcp
 
-    from saorl.distributed.dcp import SafeReader
+    from saorl.checkpoint.dcp import SafeReader
     from saorl.models.critic import Critic
     from saorl.models.loading import load_policy
 

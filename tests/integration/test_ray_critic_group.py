@@ -16,9 +16,9 @@ import sys
 import pytest
 import torch
 
-from saorl.checkpoint import list_checkpoints, load_state_file
+from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config

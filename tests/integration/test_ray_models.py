@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file
+from saorl.checkpoint.checkpoint import load_state_file
 from saorl.loop import train_from_config
 from tests.faults._common import metric_rows
 from tests.integration.test_ray import _ray_config, local_ray  # noqa: F401 (fixture)

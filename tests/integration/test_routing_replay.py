@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file, save_checkpoint, unsafe_globals
+from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint, unsafe_globals
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
@@ -99,7 +99,7 @@ def test_routing_survives_batches_checkpoints_and_pickling(moe, tmp_path: Path):
     sub = b.select([2, 0])
     assert torch.equal(sub.routing[1], b.routing[0])
     assert b.select(slice(1, 3)).routing.shape[0] == 2
-    # The rollout side of a checkpoint keeps trajectories as plain dicts (saorl.resume).
+    # The rollout side of a checkpoint keeps trajectories as plain dicts (saorl.rollout.resume).
     plain = {"finished_untrained": [dataclasses.asdict(t) for t in trajs]}
     assert unsafe_globals(plain) == []
     save_checkpoint(tmp_path, 1, {"step": 1, **plain})

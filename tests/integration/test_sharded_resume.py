@@ -1,7 +1,7 @@
 """A sharded (FSDP, torch.distributed.checkpoint) checkpoint resumed by a single-process learner.
 
 Two gloo ranks write the checkpoint (tests/parity/reshard_worker.py); a learner without FSDP
-reads it whole (`saorl.checkpoint_shards.WholeEntry`): weights and optimizer moments exactly as
+reads it whole (`saorl.checkpoint.shards.WholeEntry`): weights and optimizer moments exactly as
 saved, and the next step as the sharded learner took it. Shards that cannot be read give an
 error that says what the checkpoint is and how to resume it.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint import load_latest_checkpoint
-from saorl.checkpoint_shards import open_sharded
+from saorl.checkpoint.checkpoint import load_latest_checkpoint
+from saorl.checkpoint.shards import open_sharded
 from saorl.config import ConfigError
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint import list_checkpoints, load_state_file
+from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
 from saorl.cli import main
 from saorl.envs.arithmetic import ArithmeticTask
 

@@ -17,8 +17,8 @@ from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.tools import CODE_TAG
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.engine import Completion, GenerationRequest
-from saorl.rollout.tools import stop_strings
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
+from saorl.toolcalls import stop_strings
 
 pytestmark = pytest.mark.slow
 

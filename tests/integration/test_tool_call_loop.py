@@ -16,12 +16,12 @@ from typing import ClassVar
 
 import pytest
 
-from saorl.envs.math_tool import MathToolEnv
-from saorl.envs.tools import FunctionTools
+from saorl.envs.function_tools import FunctionTools
+from saorl.envs.math.tool import MathToolEnv
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.openai_client import chat_episode
-from saorl.rollout.tools import render_tool_call
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
+from saorl.toolcalls import render_tool_call
 from tests._chat_stub import ChatStub
 from tests.integration.test_agent_loop import ScriptedEngine
 

@@ -8,11 +8,11 @@ import string
 import pytest
 import torch
 
-from saorl.checkpoint import load_state_file
+from saorl.checkpoint.checkpoint import load_state_file
 from saorl.config import ConfigError
 from saorl.envs.arithmetic import ArithmeticTask
+from saorl.learner.value_pretrain import value_pretrain
 from saorl.loop import train_from_config
-from saorl.value_pretrain import value_pretrain
 from tests.conftest import tiny_config
 
 

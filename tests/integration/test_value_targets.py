@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.logprobs import sequence_logprobs
 from saorl.types import Batch, Trajectory
 from tests.conftest import tiny_config
@@ -76,7 +76,7 @@ def test_the_value_loss_covers_the_positions_gae_reads(tiny_policy, skip):
 def test_value_pretrain_explained_variance_is_the_training_steps(tiny_policy, overrides):
     """`saorl value-pretrain` reports explained variance against the targets the training
     step fits (its GAE), so the two numbers agree on the same batch and critic."""
-    from saorl import value_pretrain
+    from saorl.learner import value_pretrain
 
     policy, _ = tiny_policy
     batch = _obs_batch(policy)
@@ -89,6 +89,6 @@ def test_value_pretrain_explained_variance_is_the_training_steps(tiny_policy, ov
     _, vm = learner.critic_updater.prepare(batch)
     assert ev == pytest.approx(float(vm["value/explained_variance"]), rel=1e-5)
     # The statuses it drops are the collector's, not a copy.
-    from saorl import collector
+    from saorl.rollout import collector
 
     assert value_pretrain.UNTRAINABLE is collector.UNTRAINABLE

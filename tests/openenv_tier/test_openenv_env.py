@@ -17,8 +17,8 @@ from saorl.config import EnvConfig
 from saorl.envs import openenv
 from saorl.envs.factory import build_env
 from saorl.envs.openenv import OpenEnvEnv, SeedTask, serve_app, ws_url
-from saorl.rollout.tools import render_tool_call
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
+from saorl.toolcalls import render_tool_call
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_tool_call_loop import _tokenizer
 from tests.openenv_tier._marks import OPENENV_TIER

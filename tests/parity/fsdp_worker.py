@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from saorl.distributed.fsdp import FSDPSharding
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

@@ -22,10 +22,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from saorl.checkpoint import load_latest_checkpoint, save_checkpoint, sharded_checkpoint_path
-from saorl.distributed.dcp import counters, load_sharded, save_sharded
+from saorl.checkpoint.checkpoint import (
+    load_latest_checkpoint,
+    save_checkpoint,
+    sharded_checkpoint_path,
+)
+from saorl.checkpoint.dcp import counters, load_sharded, save_sharded
 from saorl.distributed.fsdp import FSDPSharding
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch

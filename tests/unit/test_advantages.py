@@ -369,7 +369,7 @@ def test_running_mean_baseline_global_state_round_trip_and_old_checkpoints() -> 
 
 
 def test_running_mean_baseline_scope_is_the_config_field() -> None:
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
     from saorl.models.loading import load_policy
     from tests.conftest import tiny_config
 

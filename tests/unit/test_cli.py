@@ -251,7 +251,7 @@ def test_eval_results_of_two_models_do_not_overwrite_each_other(
 ) -> None:
     import json
 
-    from saorl.evaluation import model_label, write_results
+    from saorl.evaluation.evaluation import model_label, write_results
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a").mkdir(parents=True)

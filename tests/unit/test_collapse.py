@@ -1,5 +1,5 @@
-"""`saorl.collapse.detect_collapse` (the live rules replayed over a finished run's rows): fires
-near the collapse, never on noise or progress."""
+"""`saorl.monitoring.collapse.detect_collapse` (the live rules replayed over a finished run's
+rows): fires near the collapse, never on noise or progress."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from saorl.collapse import detect_collapse, merge_steps, metric_series, trailing_mean
+from saorl.monitoring.collapse import detect_collapse, merge_steps, metric_series, trailing_mean
 
 BATCH = 64  # trajectories per step, as in the default config: reward noise of a real batch
 

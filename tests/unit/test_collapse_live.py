@@ -1,5 +1,5 @@
-"""`saorl.collapse.CollapseDetector` on synthetic metric streams, one per collapse mode, on
-streams that must not fire, on the README's GRPO curve and on a recorded collapsing run."""
+"""`saorl.monitoring.collapse.CollapseDetector` on synthetic metric streams, one per collapse
+mode, on streams that must not fire, on the README's GRPO curve and on a recorded collapsing run."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from saorl.collapse import CollapseDetector, detect_collapse
 from saorl.config.runtime import CollapseConfig
+from saorl.monitoring.collapse import CollapseDetector, detect_collapse
 
 BATCH = 64
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "collapse_lr1e-3_metrics.jsonl"

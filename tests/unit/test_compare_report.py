@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-import saorl.compare
+import saorl.experiments.compare
 from saorl.cli import main
-from saorl.collapse import detect_collapse
-from saorl.compare import (
+from saorl.config import Config, ConfigError, config_to_toml, load_config
+from saorl.experiments.arms import ABLATIONS, arm_components, components_table
+from saorl.experiments.compare import (
     ARMS,
     DEFAULT_ARMS,
     Arm,
@@ -35,9 +36,8 @@ from saorl.compare import (
     split_arms,
     write_compare_report,
 )
-from saorl.compare_arms import ABLATIONS, arm_components, components_table
-from saorl.config import Config, ConfigError, config_to_toml, load_config
-from saorl.report import _COMPARE_PANELS, seed_bands
+from saorl.experiments.report import _COMPARE_PANELS, seed_bands
+from saorl.monitoring.collapse import detect_collapse
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -108,7 +108,7 @@ class FakeTrainer:
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeTrainer:
     trainer = FakeTrainer(fail={"boom"}, collapse={"sao_k1": 60})
-    monkeypatch.setattr(saorl.compare, "train_from_config", trainer)
+    monkeypatch.setattr(saorl.experiments.compare, "train_from_config", trainer)
     return trainer
 
 
@@ -259,8 +259,8 @@ def test_write_compare_report_on_fixture_runs(tmp_path: Path) -> None:
     table = _read_csv(tmp_path / "summary.csv")
     assert list(table) == arms
     assert table["sao"]["status"] == "done" and table["sao"]["collapse_step"] == ""
-    # The report's collapse step is the detector's on the run's rows (saorl.collapse, tested
-    # there): at or shortly after the step the fixture collapses.
+    # The report's collapse step is the detector's on the run's rows (saorl.monitoring.collapse,
+    # tested there): at or shortly after the step the fixture collapses.
     for arm, at in (("grpo", 160), ("vapo", 90)):
         expected = detect_collapse(_rows(200, at))
         assert expected is not None and at <= expected["step"] <= at + 10
@@ -354,7 +354,8 @@ def test_cli_compare_default_arms_each_get_a_row(fake: FakeTrainer, tmp_path: Pa
 
 def test_compare_and_report_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, saorl.cli, saorl.compare, saorl.collapse, saorl.report\n"
+        "import sys, saorl.cli, saorl.experiments.compare, saorl.monitoring.collapse\n"
+        "import saorl.experiments.report\n"
         "try:\n    saorl.cli.main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
         "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
         "sys.exit(f'imported: {bad}' if bad else 0)\n"
@@ -483,8 +484,8 @@ def test_the_multi_seed_tool_preset_validates_for_every_arm() -> None:
 
 
 def test_parallel_runs_record_the_failures_of_their_processes(tmp_path: Path) -> None:
-    # --jobs 2: each run in its own `python -m saorl.compare` process. Invalid values fail in
-    # the child before any training; the parent sees the exit codes and the failure records.
+    # --jobs 2: each run in its own `python -m saorl.experiments.compare` process. Invalid values
+    # fail in the child before any training; the parent sees the exit codes and the failure records.
     out = tmp_path / "cmp"
     arms = ["neg:algorithm.eps_low=-1", "bad:critic.lr=-1"]
     run_compare(None, [], arms, out, steps=10, seeds=2, jobs=2)
@@ -511,7 +512,7 @@ def test_arm_paths_outside_the_bmp_round_trip(tmp_path):
 
 
 def test_arms_table_states_unequal_policy_updates(tmp_path: Path) -> None:
-    from saorl.compare_report import write_compare_report
+    from saorl.experiments.compare_report import write_compare_report
 
     _write_run(tmp_path / "grpo", steps=100)
     _write_run(tmp_path / "sao", steps=100)

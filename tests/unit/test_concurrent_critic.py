@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from saorl.critic_updater import concurrent_critic
+from saorl.learner.critic_updater import concurrent_critic
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")
@@ -34,7 +34,7 @@ def test_auto_is_off_on_one_shared_accelerator_and_on_with_a_device_of_its_own(m
     on, why = concurrent_critic(tiny_config(), cuda)
     assert on is False and "share cuda:0" in why
     monkeypatch.setattr(
-        "saorl.critic_updater.critic_device", lambda cfg, dev: torch.device("cuda", 1)
+        "saorl.learner.critic_updater.critic_device", lambda cfg, dev: torch.device("cuda", 1)
     )
     on, why = concurrent_critic(tiny_config("critic.device=cuda:1"), cuda)
     assert on is True and "device of its own (cuda:1)" in why
@@ -51,7 +51,7 @@ def test_auto_is_off_under_deterministic_runs():
 
 
 def test_the_learner_resolves_auto_once(tiny_policy, monkeypatch):
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
     learner = Learner(tiny_config(), tiny_policy[0], CPU)

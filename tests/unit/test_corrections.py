@@ -168,14 +168,14 @@ def test_gap_by_staleness_and_position_by_hand() -> None:
 
 
 def test_corrections_match_the_config_field() -> None:
-    from saorl.compare_arms import CORRECTIONS as ARM_CORRECTIONS
+    from saorl.experiments.arms import CORRECTIONS as ARM_CORRECTIONS
 
     assert tuple(ARM_CORRECTIONS) == CORRECTIONS
 
 
 def test_correction_arm_family() -> None:
-    from saorl.compare_arms import arm_components, parse_arm
     from saorl.config import ConfigError, load_config
+    from saorl.experiments.arms import arm_components, parse_arm
 
     arm = parse_arm("grpo+tis")
     assert arm.name == "grpo+tis"

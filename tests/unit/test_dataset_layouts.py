@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from saorl.config import EnvConfig
-from saorl.envs.datasets import DatasetError, MathProblem, load_problems
+from saorl.envs.data.datasets import DatasetError, MathProblem, load_problems
 from saorl.envs.factory import build_env
-from saorl.envs.math_tool import NO_TOOL_INSTRUCTIONS, MathToolEnv
+from saorl.envs.math.tool import NO_TOOL_INSTRUCTIONS, MathToolEnv
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.agent import ChatCodec
 
@@ -142,7 +142,7 @@ def test_pandas_rows_become_plain_python() -> None:
     # Without pyarrow, Parquet is read through pandas (with fastparquet), whose records hold
     # numpy arrays and scalars; rows must look the same as pyarrow's.
     np = pytest.importorskip("numpy")
-    from saorl.envs.dataset_files import _plain
+    from saorl.envs.data.files import _plain
 
     record = {
         "prompt": np.array([{"role": "user", "content": "hi"}], dtype=object),

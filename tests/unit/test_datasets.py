@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.envs.datasets import (
+from saorl.envs.data.datasets import (
     DATASET_PRESETS,
     PACKAGED_DATA,
     DatasetError,

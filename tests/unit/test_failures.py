@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from saorl.collector import BatchCollector
 from saorl.config import ConfigError
+from saorl.rollout.collector import BatchCollector
 from saorl.rollout.failures import MAX_DISTINCT, OTHER, FailureLog, failure_info
 from saorl.rollout.worker import PromptFeed
 from saorl.types import Trajectory
@@ -147,9 +147,9 @@ def test_a_custom_env_step_that_raises_is_recorded_by_the_worker() -> None:
 def test_failed_episodes_are_dumped_with_their_error(tmp_path) -> None:
     import json
 
-    from saorl.metrics import MetricsLogger
     from saorl.models.tokenizer import build_char_tokenizer
-    from saorl.samples import SAMPLES_FILE, SampleLogger
+    from saorl.monitoring.metrics import MetricsLogger
+    from saorl.monitoring.samples import SAMPLES_FILE, SampleLogger
 
     tok = build_char_tokenizer()
     with MetricsLogger(tmp_path) as log:

@@ -13,8 +13,8 @@ import pytest
 
 from saorl.config import ConfigError, load_config
 from saorl.envs.factory import build_env
-from saorl.envs.math_tool import MathToolEnv
-from saorl.envs.tools import FunctionTools, function_schema
+from saorl.envs.function_tools import FunctionTools, function_schema
+from saorl.envs.math.tool import MathToolEnv
 
 
 def scale(xs: list[int], factor: float = 2.0, label: Optional[str] = None,  # noqa: UP045
@@ -188,7 +188,7 @@ def test_scale_arguments_are_checked_against_the_schema() -> None:
 
 
 def _call(name: str, args: dict):
-    from saorl.rollout.tools import ToolCall
+    from saorl.toolcalls import ToolCall
 
     return ToolCall(name, args)
 

@@ -18,10 +18,10 @@ import pytest
 from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
-from saorl.envs import math_grader
-from saorl.envs.math_extract import extract_boxes
-from saorl.envs.math_grader import extract_boxed, grade, grade_batch
-from saorl.envs.math_normalize import count_alternatives, normalize_answer
+from saorl.envs.math import grader as math_grader
+from saorl.envs.math.extract import extract_boxes
+from saorl.envs.math.grader import extract_boxed, grade, grade_batch
+from saorl.envs.math.normalize import count_alternatives, normalize_answer
 
 needs_math_verify = pytest.mark.skipif(
     not math_grader._math_verify_installed(),
@@ -242,7 +242,7 @@ def test_not_equivalent(response: str, reference: str) -> None:
 
 # Several items in the reference: each boxed on its own, or together in another order, as
 # math-verify grades them. Boxes of one answer are read as math-verify reads them (module doc of
-# saorl.envs.math_extract).
+# saorl.envs.math.extract).
 MULTI_PART = [
     ("\\boxed{(1, 2)}, \\boxed{(2, 1)}", "(2,1),(1,2)", 1.0),
     ("\\boxed{(1, 2), (2, 1)}", "(2,1),(1,2)", 1.0),
@@ -598,7 +598,7 @@ def test_stuck_worker_is_killed_and_replaced() -> None:
 
 # Both reach math-verify (no string or number comparison decides them).
 _SCRIPT = (
-    "from saorl.envs.math_grader import grade\n"
+    "from saorl.envs.math.grader import grade\n"
     "print(grade('\\\\boxed{\\\\sqrt{8}}', '2\\\\sqrt{2}'), grade('\\\\boxed{\\\\sqrt{8}}', '3'))\n"
 )
 
@@ -606,7 +606,7 @@ _SCRIPT = (
 @needs_math_verify
 @pytest.mark.parametrize("how", ["-c", "stdin"])
 def test_grade_works_from_python_c_and_stdin(how: str, tmp_path: Path) -> None:
-    # The worker is `python -m saorl.envs.math_worker`: it never imports the caller's
+    # The worker is `python -m saorl.envs.math.worker`: it never imports the caller's
     # `__main__`, which for `python -c` and `python -` has no file to import.
     args = [sys.executable, "-c", _SCRIPT] if how == "-c" else [sys.executable, "-"]
     proc = subprocess.run(args, input=None if how == "-c" else _SCRIPT, capture_output=True,

@@ -29,8 +29,8 @@ from fractions import Fraction
 
 import pytest
 
-from saorl.envs import math_grader
-from saorl.envs.datasets import load_preset
+from saorl.envs.data.datasets import load_preset
+from saorl.envs.math import grader as math_grader
 
 pytestmark = [
     pytest.mark.slow,

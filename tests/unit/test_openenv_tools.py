@@ -20,7 +20,7 @@ from saorl.envs.openenv_tools import (
     read_reply,
     tool_name,
 )
-from saorl.rollout.tools import ToolCall, parse_tool_call, render_tool_call
+from saorl.toolcalls import ToolCall, parse_tool_call, render_tool_call
 
 
 class Move(BaseModel):

@@ -158,7 +158,7 @@ def test_bad_references_are_config_errors(tmp_path: Path, rewards_file: Path) ->
 
 def test_task_columns() -> None:
     from saorl.envs.arithmetic import Problem
-    from saorl.envs.datasets import MathProblem
+    from saorl.envs.data.datasets import MathProblem
 
     assert task_columns(Problem("1+1=", "2", "k")) == {"prompt": "1+1=", "answer": "2", "key": "k"}
     assert task_columns({"a": 1}) == {"a": 1}

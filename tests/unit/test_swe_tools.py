@@ -10,7 +10,7 @@ import pytest
 
 from saorl.envs.swe.sandbox_tools import ToolError, create, replace_once, str_replace, view
 from saorl.envs.swe.tools import check_arguments, parse
-from saorl.rollout.tools import ToolCall, ToolCallError
+from saorl.toolcalls import ToolCall, ToolCallError
 
 TEXT = "def f(x):\n    y = x + 1\n    return y\n\n\ndef g(x):\n    y = x + 1\n    return 2 * y\n"
 

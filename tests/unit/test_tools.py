@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from saorl.rollout.tools import (
+from saorl.toolcalls import (
     ToolCall,
     ToolCallError,
     parse_tool_call,

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from saorl.config import ConfigError, load_config
-from saorl.metrics import MetricsLogger
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.samples import (
+from saorl.monitoring.metrics import MetricsLogger
+from saorl.monitoring.samples import (
     SAMPLES_FILE,
     SampleLogger,
     pop_row_advantages,
@@ -20,7 +20,12 @@ from saorl.samples import (
     sample_row,
     split_turns,
 )
-from saorl.tracking import TRACKERS_FILE, check_trackers, open_trackers, render_transcript
+from saorl.monitoring.tracking import (
+    TRACKERS_FILE,
+    check_trackers,
+    open_trackers,
+    render_transcript,
+)
 from saorl.types import Trajectory
 from tests._tracker_readers import (
     mlflow_series,
@@ -219,7 +224,7 @@ def test_per_row_advantages_travel_in_the_metrics_and_come_out_before_logging() 
 
 
 def test_mlflow_metric_names_are_made_acceptable():
-    from saorl.tracking import mlflow_key
+    from saorl.monitoring.tracking import mlflow_key
 
     assert mlflow_key("gap/k3_stale2-3") == "gap/k3_stale2-3"
     assert mlflow_key("reward/fn/acc@k+1 é") == "reward/fn/acc_k_1 _"

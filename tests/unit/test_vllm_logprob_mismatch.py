@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.losses import logprob_mismatch
 from saorl.models.logprobs import sequence_logprobs
 from saorl.types import Batch, Trajectory

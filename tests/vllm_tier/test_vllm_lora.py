@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import merged_copy

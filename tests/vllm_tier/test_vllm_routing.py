@@ -14,7 +14,7 @@ import copy
 import pytest
 import torch
 
-from saorl.learner import Learner
+from saorl.learner.learner import Learner
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.routing import RoutingRecorder
 from saorl.rollout.engine import GenerationRequest

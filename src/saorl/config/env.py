@@ -334,7 +334,7 @@ class EnvConfig(_Section):
             raise ValueError(
                 "env.tools is for env.name = 'math' with env.tool_format = 'hermes' or "
                 "'llama3'; your own environment offers functions through "
-                "saorl.envs.tools.FunctionTools"
+                "saorl.envs.function_tools.FunctionTools"
             )
         if self.name == "swe" and self.tool_format == "llama3":
             raise ValueError(

@@ -134,7 +134,7 @@ class RunConfig(_Section):
 
 
 class CollapseConfig(_Section):
-    """Live collapse detection (`saorl.collapse`): thresholds of the collapse/* signals.
+    """Live collapse detection (`saorl.monitoring.collapse`): thresholds of the collapse/* signals.
 
     Each signal must hold on `patience` consecutive steps to fire; nothing fires before a
     metric has `window` values. Spike factors of 0 switch that signal off.

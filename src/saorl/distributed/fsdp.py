@@ -1,6 +1,6 @@
 """FSDP2 for the learner: `FSDPSharding`, the learner's `Sharding` over a process group.
 
-The learner stays one class (`saorl.learner.Learner`); given an `FSDPSharding` (by
+The learner stays one class (`saorl.learner.learner.Learner`); given an `FSDPSharding` (by
 `saorl.distributed.torchrun.torchrun_learner`, under torchrun or in Ray learner actors) it
 shards policy and critic over the ranks of the initialised `torch.distributed` group:
 
@@ -16,7 +16,7 @@ shards policy and critic over the ranks of the initialised `torch.distributed` g
 - `floats`: sums, minima and maxima reduced over ranks, one collective each.
 - `for_critic` (used with `critic.concurrent`): an `FSDPSharding` over a process group of its own
   (the same ranks): the critic's all-gathers, reduce-scatters and norms then never interleave
-  with the policy's, so the two can run at once on every rank (`saorl.critic_updater`).
+  with the policy's, so the two can run at once on every rank (`saorl.learner.critic_updater`).
 - `full_state` / `optimizer_state` / `load_state`: full (unsharded) CPU state dicts for weight
   pushes and checkpoints, via `torch.distributed.checkpoint.state_dict`.
 
@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from saorl.sharding import (
+from saorl.learner.sharding import (
     MicroBatch,
     Plan,
     Sharding,

@@ -1,13 +1,13 @@
 """The Ray actors of `saorl train --ray`: the learner and the rollout workers.
 
-- `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.Learner`, or the
+- `LearnerActor` owns policy, critic and both optimizers (a `saorl.learner.learner.Learner`, or the
   torchrun leader of `saorl.distributed.torchrun` when several actors shard one learner) and
   answers the methods of `saorl.interfaces.Learner`, each with the learner's counters; plus the
   weight-push endpoints the rollout pool uses. With `ray.critic_actor` the critic lives in
   `CriticActor`s instead, learner rank r's reached through a
   `saorl.distributed.ray_critic.RemoteCritic`.
-- `CriticActor` (`ray.critic_actor`): a `saorl.critic_updater.CriticUpdater` of its own; with
-  several learner ranks, one rank of a critic group that shards it with FSDP2.
+- `CriticActor` (`ray.critic_actor`): a `saorl.learner.critic_updater.CriticUpdater` of its own;
+  with several learner ranks, one rank of a critic group that shards it with FSDP2.
 - `RolloutActor` owns an engine from `build_engine` and a `RolloutWorker` thread (agent loop +
   environments) that runs only tasks the driver admitted (its feed is a `_TaskInbox`).
 
@@ -46,8 +46,8 @@ def _setup_process(cfg: Config, cwd: str) -> None:
 class LearnerActor:
     """One learner rank in its own process, plus a weight-push endpoint.
 
-    With one rank it holds a plain `saorl.learner.Learner`. With `ray.learner_ranks` N > 1 the N
-    actors form a `torch.distributed` group (`learner.fsdp`: FSDP2 over them) and run the
+    With one rank it holds a plain `saorl.learner.learner.Learner`. With `ray.learner_ranks` N > 1
+    the N actors form a `torch.distributed` group (`learner.fsdp`: FSDP2 over them) and run the
     torchrun protocol of `saorl.distributed.torchrun`: rank 0 holds a `LeaderLearner` and answers
     the driver; the other ranks stay inside `setup`, mirroring rank 0's collective calls, until
     rank 0's learner is closed. With `ray.critic_actor` rank r's critic is critic actor r
@@ -71,7 +71,7 @@ class LearnerActor:
 
     def setup(self, rank: int, world: int, host: str, port: int) -> tuple[int, int] | None:
         """Build the learner; rank 0 returns its counters, the others return when it closes."""
-        from saorl.learner import Learner
+        from saorl.learner.learner import Learner
         from saorl.models.loading import load_policy, resolve_device
 
         cfg, device = self.cfg, resolve_device(self.cfg.model.device)
@@ -199,9 +199,9 @@ class CriticActor:
         return node_ip(), free_port()
 
     def setup(self, rank: int, world: int, host: str, port: int) -> None:
-        from saorl.critic_updater import CriticUpdater
+        from saorl.learner.critic_updater import CriticUpdater
+        from saorl.learner.sharding import Sharding
         from saorl.models.loading import load_policy, resolve_device
-        from saorl.sharding import Sharding
 
         cfg = self.cfg
         # Built like the learner builds its critic: from the same seeded policy.

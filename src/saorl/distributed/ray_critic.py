@@ -2,8 +2,8 @@
 
 SAO's learner step asks the critic for the advantages (values before any update, then GAE) and
 then gives it K updates on the same batch, which are independent of the policy's update
-(`saorl.critic_updater`). With `ray.critic_actor` the critic, its optimizer and its updates live
-in critic actors with resources of their own (`ray.critic_num_cpus`, `ray.critic_num_gpus`;
+(`saorl.learner.critic_updater`). With `ray.critic_actor` the critic, its optimizer and its updates
+live in critic actors with resources of their own (`ray.critic_num_cpus`, `ray.critic_num_gpus`;
 `ray.critic_placement` puts them beside the learner on one node, or apart on another; the actor
 class is `saorl.distributed.ray_actors.CriticActor`). Each learner actor holds a `RemoteCritic`,
 which answers the `CriticUpdater` methods the learner calls:
@@ -27,7 +27,7 @@ learner rank holds the whole batch and makes every critic call (a step, a state 
 the reset), each to its own critic rank, so the critic ranks make their collective calls
 together: `prepare` gathers the values, so every critic rank returns the whole advantages;
 `finish` returns the rank's share of the value loss, which the learner ranks' metric sync sums
-into the batch's loss (`saorl.sharding.StepMetrics.add`), as for a critic sharded over the
+into the batch's loss (`saorl.learner.sharding.StepMetrics.add`), as for a critic sharded over the
 learner ranks. What only learner rank 0 asks for goes to every critic rank from there
 (`call_group`: `critic.init_from`, whose file rank 0 reads and broadcasts, `load_into_group`).
 
@@ -53,8 +53,8 @@ import torch
 from torch import nn
 
 from saorl.config import Config, ConfigError
-from saorl.critic_updater import CriticUpdate
-from saorl.sharding import Sharding
+from saorl.learner.critic_updater import CriticUpdate
+from saorl.learner.sharding import Sharding
 from saorl.types import Batch
 
 
@@ -153,7 +153,7 @@ def join_critic_group(
 def read_critic_file(path: str, critic: nn.Module) -> dict[str, torch.Tensor]:
     """The `critic` weights of a `saorl value-pretrain` file, checked against `critic`'s names
     and whole shapes (what `CriticUpdater.load` finds out by loading them)."""
-    from saorl.checkpoint import load_state_file
+    from saorl.checkpoint.checkpoint import load_state_file
 
     if not Path(path).is_file():
         raise ConfigError(
@@ -210,7 +210,7 @@ def group_learner(
 
     from saorl.distributed.fsdp import FSDPSharding
     from saorl.distributed.torchrun import LeaderLearner, follow
-    from saorl.learner import Learner
+    from saorl.learner.learner import Learner
 
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
@@ -227,7 +227,7 @@ def group_learner(
 def save_whole(leader: Any, cfg: Config, run_dir: Path, rollout_state: dict[str, Any]) -> None:
     """`Learner.save` for learner ranks with a critic group: the whole state, gathered by every
     learner rank and every critic rank (`LeaderLearner.state_dict` announces it), in one `.pt`."""
-    from saorl.checkpoint import save_checkpoint
+    from saorl.checkpoint.checkpoint import save_checkpoint
 
     state = {**leader.state_dict(), "torch_rng": torch.get_rng_state(), **rollout_state}
     save_checkpoint(run_dir, leader.steps, state, keep=cfg.run.keep_last_checkpoints)

@@ -2,8 +2,8 @@
 
 The driver (the `saorl train` process) runs the loop of `saorl.loop` and holds no model
 weights. The learner actor (`saorl.distributed.ray_actors.LearnerActor`) owns policy, critic and
-both optimizers (a `saorl.learner.Learner`; with `ray.learner_ranks` > 1, N actors packed on one
-node shard one FSDP2 learner and rank 0 answers) and runs everything that needs the weights:
+both optimizers (a `saorl.learner.learner.Learner`; with `ray.learner_ranks` > 1, N actors packed on
+one node shard one FSDP2 learner and rank 0 answers) and runs everything that needs the weights:
 the supervised warm-up, evaluation, checkpoints, the final export. `RayLearner` implements
 `saorl.interfaces.Learner` by calling those methods remotely; each call returns the learner's
 counters too, so `steps` and `version` are current here without another round trip.

@@ -135,7 +135,7 @@ class RayRolloutWorker:
         except BaseException as e:  # surfaced by the pool's batch collector, which re-raises
             self.error = e
 
-    # -- checkpoints (saorl.resume) ------------------------------------------------------------
+    # -- checkpoints (saorl.rollout.resume) ------------------------------------------------
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
         """No exchange in flight and the actor's worker held; its finished work is in `out`."""

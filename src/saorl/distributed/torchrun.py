@@ -14,7 +14,7 @@ save it together (`saorl.signals`); the other ranks only note the signal and fol
 
 Checkpoints are sharded: every rank writes its shards with torch.distributed.checkpoint into
 `checkpoints/step_X.dcp/`, then rank 0 writes the `.pt` with the counters and the rollout side
-(`saorl.distributed.dcp`); a resume reads them at any number of ranks.
+(`saorl.checkpoint.dcp`); a resume reads them at any number of ranks.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from saorl.checkpoint import save_checkpoint, sharded_checkpoint_path
+from saorl.checkpoint.checkpoint import save_checkpoint, sharded_checkpoint_path
+from saorl.checkpoint.dcp import COUNTERS, counters, load_sharded, save_sharded
 from saorl.config import Config, ConfigError
-from saorl.distributed.dcp import COUNTERS, counters, load_sharded, save_sharded
 from saorl.distributed.fsdp import FSDPSharding
-from saorl.evaluation import evaluate_policy
-from saorl.learner import Learner
+from saorl.evaluation.evaluation import evaluate_policy
+from saorl.learner.learner import Learner
+from saorl.learner.sft import supervised_warmup
 from saorl.models.loading import replace_dir, save_pretrained
-from saorl.sft import supervised_warmup
 from saorl.signals import StopSignals
 from saorl.types import Batch
 

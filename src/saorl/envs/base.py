@@ -38,7 +38,7 @@ class Env(Protocol):
     # An environment without the attribute is treated as True.
     offload: bool
     # Optional, not part of the protocol: a `tools` attribute, a list of tool schemas
-    # (`saorl.envs.tools.FunctionTools.schemas`), read after `reset` and passed to the chat
+    # (`saorl.envs.function_tools.FunctionTools.schemas`), read after `reset` and passed to the chat
     # template as `tools=`. And `end_episode()`, called from the rollout worker's thread when
     # the episode ends, however it ends: it releases what the episode holds (a server
     # session), without blocking.

@@ -26,7 +26,7 @@ class DatasetTask:
 
 def _load(cfg: EnvConfig, key: str) -> list[Any]:
     """The problems of `env.<key>` (`dataset` or `eval_dataset`): a preset or a file."""
-    from saorl.envs.datasets import DATASET_PRESETS, load_preset, load_problems
+    from saorl.envs.data.datasets import DATASET_PRESETS, load_preset, load_problems
 
     name_or_path = getattr(cfg, key)
     if name_or_path in DATASET_PRESETS:
@@ -104,8 +104,8 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             demo=ToolArithmeticTask.demo,
         )
     elif cfg.name == "math":
-        from saorl.envs.math_tool import MathToolEnv
-        from saorl.rollout.tools import stop_strings
+        from saorl.envs.math.tool import MathToolEnv
+        from saorl.toolcalls import stop_strings
 
         if cfg.eval_dataset and held_out_only:
             size = cfg.eval_size if "eval_size" in cfg.model_fields_set else None
@@ -118,7 +118,7 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             train, held_out = problems[:-size], problems[-size:]
         functions = None
         if cfg.tools:
-            from saorl.envs.tools import FunctionTools
+            from saorl.envs.function_tools import FunctionTools
 
             functions = FunctionTools(cfg.tools, timeout_s=cfg.tool_timeout_s)
             if cfg.use_tool and "python" in functions:

@@ -44,7 +44,7 @@ from saorl.envs.openenv_tools import (
     observation_text,
     read_reply,
 )
-from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call, stop_strings
+from saorl.toolcalls import ToolCallError, ToolFormat, parse_tool_call, stop_strings
 
 # Error codes the server answers a bad action with; the session goes on after them.
 ACTION_ERRORS = ("VALIDATION_ERROR", "EXECUTION_ERROR")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.rollout.tools import ToolCall, ToolCallError, ToolFormat
+from saorl.toolcalls import ToolCall, ToolCallError, ToolFormat
 
 # Every OpenEnv action has it (the base class's free-form dict); not for the model to fill.
 HIDDEN_FIELDS = ("metadata",)

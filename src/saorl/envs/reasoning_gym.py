@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.base import EnvSpec, Segments
-from saorl.envs.math_tool import MathToolEnv
+from saorl.envs.math.tool import MathToolEnv
 
 AnswerFormat = Literal["tags", "plain"]
 HELD_OUT_SEED_OFFSET = 2**31  # far past any training index: seeds seed + i never meet
@@ -153,7 +153,7 @@ class RGTasks:
             self.held_out += _distinct(name, ds, count)
         held = {p.prompt for p in self.held_out}
         # Every training item as a list: a checkpoint keeps in-flight tasks as their index in
-        # it (saorl.resume), and the held-out questions are left out once, exactly.
+        # it (saorl.rollout.resume), and the held-out questions are left out once, exactly.
         self.train: list[RGProblem] = []
         self._spans: list[tuple[int, int]] = []
         for name in self.names if train else ():
@@ -261,7 +261,7 @@ def build_rg_tasks(cfg: EnvConfig, held_out_only: bool = False) -> RGTasks:
 def build_rg_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     """`env.name = "reasoning_gym"`: single turn, or with the Python tool (`env.use_tool`).
     Its warm-up demonstrations answer directly, in the answer format."""
-    from saorl.rollout.tools import stop_strings
+    from saorl.toolcalls import stop_strings
 
     tasks = build_rg_tasks(cfg, held_out_only)
 

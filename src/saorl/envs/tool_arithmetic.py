@@ -11,7 +11,7 @@ problems and is right mostly when it does; RL has to discover that calling the t
 
 The calculator evaluates `+ - * // %` and parentheses on integers in-process (an AST walk, no
 `eval`): instant, so tool calls never hold up decoding. The sandboxed Python tool is
-`saorl.envs.math_tool`.
+`saorl.envs.math.tool`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from saorl.envs.arithmetic import ArithmeticEnv, Problem
 from saorl.envs.base import StepResult
-from saorl.rollout.tools import ToolCallError, parse_tool_call
+from saorl.toolcalls import ToolCallError, parse_tool_call
 
 TAG = "calc"
 STOP = f"</{TAG}>"

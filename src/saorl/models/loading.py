@@ -228,7 +228,7 @@ FUSED_ADAMW_DEVICES = ("cpu", "cuda", "xpu")
 def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
     """AdamW, fused where the parameters' device has the kernel: a fused AdamW skips a step on
     a device-side `found_inf` flag, so that whether a gradient is finite needs no host sync
-    (`saorl.sharding.step_unless_nonfinite`); elsewhere the plain (foreach) one."""
+    (`saorl.learner.sharding.step_unless_nonfinite`); elsewhere the plain (foreach) one."""
     fused = all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
 

@@ -36,7 +36,7 @@ from torch import nn
 from saorl.config import Config, ConfigError, ModelConfig
 
 if TYPE_CHECKING:
-    from saorl.sharding import Sharding
+    from saorl.learner.sharding import Sharding
 
 _BASE = ".base_layer."
 _A, _B = ".lora_A.default.weight", ".lora_B.default.weight"

@@ -15,7 +15,7 @@ verl and prime-rl) records the engine's choice and makes the learner use it.
   token to when it last fed it (the prefill after a weight update or at a new turn replaces
   earlier records, so one trajectory holds one consistent set).
   A position the engine never fed (the last sampled token) holds -1.
-- Replay (`RoutingReplay`, used by `saorl.learner.Learner`): while `forced(...)` is open, a
+- Replay (`RoutingReplay`, used by `saorl.learner.learner.Learner`): while `forced(...)` is open, a
   forward hook on every router replaces its output `(logits, weights, indices)` by the recorded
   indices and weights recomputed from the learner's own router logits over those experts:
   `weights = softmax(logits)[recorded]`, renormalised over the k experts when the router

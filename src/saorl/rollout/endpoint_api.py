@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.rollout.tools import ToolCall, ToolCallError, _call_from_payload, _loads
+from saorl.toolcalls import ToolCall, ToolCallError, _call_from_payload, _loads
 
 
 class ApiError(Exception):

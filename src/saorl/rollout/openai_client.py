@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from saorl.envs.base import Env, task_key
-from saorl.rollout.tools import render_tool_call
+from saorl.toolcalls import render_tool_call
 
 # A reply larger than this is not a chat completion saorl would use.
 MAX_REPLY_BYTES = 64 * 2**20

@@ -5,10 +5,10 @@ shared `PromptFeed`, under admission control, and puts finished trajectories on 
 `BatchCollector` forms the learner's batches from it (completion order, whole groups, the
 staleness drop) and has crashed workers replaced (`respawn`). With `run.concurrency = "sync"`
 no thread runs: `collect` drives the workers itself, so nothing generates while the learner
-trains. A checkpoint pauses the workers and records what they hold (`saorl.resume`).
+trains. A checkpoint pauses the workers and records what they hold (`saorl.rollout.resume`).
 
 `WorkerPool` implements `saorl.interfaces.RolloutPool` for a learner in the same process
-(`saorl.learner.Learner`, or the torchrun leader's replica). `RayWorkerPool`
+(`saorl.learner.learner.Learner`, or the torchrun leader's replica). `RayWorkerPool`
 (`saorl.distributed.ray_pool`) is the same pool with workers that are proxies of Ray actors:
 it changes how workers are built and how weights reach them.
 """
@@ -22,12 +22,12 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from saorl.collector import BatchCollector
 from saorl.config import Config
 from saorl.envs.base import EnvSpec
 from saorl.interfaces import Collected, PoolStats
-from saorl.resume import restore_rollouts, snapshot_rollouts
+from saorl.rollout.collector import BatchCollector
 from saorl.rollout.factory import build_engine
+from saorl.rollout.resume import restore_rollouts, snapshot_rollouts
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker, lognormal_lengths
 from saorl.types import Trajectory
 

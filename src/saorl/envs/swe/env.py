@@ -51,7 +51,7 @@ from saorl.envs.swe.workspace import (
     tree_bytes,
     unified_diff,
 )
-from saorl.rollout.tools import ToolCallError, ToolFormat
+from saorl.toolcalls import ToolCallError, ToolFormat
 
 _CACHE_SIZE = 4096
 _cache: OrderedDict[tuple[str, str, str, str], GradeResult] = OrderedDict()

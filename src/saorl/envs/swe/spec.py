@@ -14,7 +14,7 @@ from saorl.envs.swe.sandbox_tools import replace_once
 from saorl.envs.swe.task import SweTask, TaskPool
 from saorl.envs.swe.tools import CODE_TAG, ToolRunner, instructions
 from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
-from saorl.rollout.tools import ToolFormat, stop_strings
+from saorl.toolcalls import ToolFormat, stop_strings
 
 
 def hermes_call(name: str, **arguments: object) -> str:

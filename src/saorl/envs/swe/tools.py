@@ -1,6 +1,6 @@
 """The coding agent's tools, how a model turn calls them, and how they run in the sandbox.
 
-Two call formats, the ones `saorl.rollout.tools` parses (no third syntax):
+Two call formats, the ones `saorl.toolcalls` parses (no third syntax):
 - `hermes`: `<tool_call>{"name": NAME, "arguments": {...}}</tool_call>` with the tools
   `bash(command)`, `view(path, start?, end?)`, `str_replace(path, old, new)`,
   `create(path, content)` and `submit()`;
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from saorl.envs.swe.task import TaskEnv
-from saorl.rollout.tools import ToolCall, ToolCallError, ToolFormat, parse_tool_call
 from saorl.sandbox import Limits, middle_truncate, run
+from saorl.toolcalls import ToolCall, ToolCallError, ToolFormat, parse_tool_call
 
 CODE_TAG = "bash"
 MAX_COMMAND_BYTES = 100_000  # a bash command (the kernel refuses one argument over 128 KiB)

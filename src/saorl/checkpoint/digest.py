@@ -1,8 +1,8 @@
 """Digests that catch a damaged checkpoint: `checkpoints/step_X.sha256` beside each checkpoint.
 
 torch does not check a `.pt` archive's CRCs when it loads one, so a bit flipped on storage would
-load silently and be trained on. At save, `saorl.checkpoint.save_checkpoint` writes the SHA-256 of
-the `.pt` and of every file of its `step_X.hf/` and `step_X.dcp/` directories into
+load silently and be trained on. At save, `saorl.checkpoint.checkpoint.save_checkpoint` writes the
+SHA-256 of the `.pt` and of every file of its `step_X.hf/` and `step_X.dcp/` directories into
 `step_X.sha256` (the `sha256sum` format: `cd checkpoints && sha256sum -c step_X.sha256` checks
 them by hand), after the directories are in place and before the `.pt` is renamed into place.
 At load, `check` compares what is about to be read: the `.pt` (`load_state_file`), the shards

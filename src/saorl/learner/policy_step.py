@@ -1,6 +1,6 @@
 """The policy half of the learner's step: mini-batches, micro-batches, the loss, diagnostics.
 
-`PolicyUpdate` is a part of `saorl.learner.Learner` (its base class), kept in a file of its
+`PolicyUpdate` is a part of `saorl.learner.learner.Learner` (its base class), kept in a file of its
 own: `algorithm.minibatches` policy optimizer steps on one batch, each accumulating the
 micro-batches' gradients of the configured policy loss (DIS or PPO clip, with an optional
 mismatch correction, entropy bonus, sampler KL penalty and VAPO's LM loss), and the engine /
@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from saorl.corrections import gap_sums, policy_correction
-from saorl.critic_updater import share
+from saorl.learner.critic_updater import share
+from saorl.learner.sharding import MicroBatch, StepFlags, StepMetrics
 from saorl.losses import (
     dis_policy_loss,
     logprob_mismatch,
@@ -28,12 +29,12 @@ from saorl.losses import (
     sampler_kl_penalty,
 )
 from saorl.models.routing import replay_routing
-from saorl.sharding import MicroBatch, StepFlags, StepMetrics
 from saorl.types import Batch
 
 
 class PolicyUpdate:
-    """The policy update of `saorl.learner.Learner` (which defines the attributes used here)."""
+    """The policy update of `saorl.learner.learner.Learner` (which defines the attributes used
+    here)."""
 
     cfg: Any
     policy: Any

@@ -10,7 +10,7 @@ the latest, never half a file. Older checkpoints are deleted only after a newer 
 Beside it, directories of the same step: `step_X.hf/`, the policy in Hugging Face format
 (`run.save_hf`, written by `save_step` before the `.pt`, for evaluation and serving), and for
 FSDP2 runs `step_X.dcp/`, the weights and optimizer states as torch.distributed.checkpoint
-shards (`saorl.distributed.dcp`), which the `.pt` then names instead of holding them. The `.pt`
+shards (`saorl.checkpoint.dcp`), which the `.pt` then names instead of holding them. The `.pt`
 is written last and commits the step: a directory whose `.pt` is missing is left over from a
 killed write and is deleted when a run resumes, or with its `.pt` when that is pruned.
 
@@ -20,7 +20,7 @@ and an explicit allow-list of types, and refuses anything else with `UnsafeCheck
 refused file is never taken for a damaged one: resume stops instead of falling back past it.
 
 `step_X.sha256` holds the SHA-256 of the `.pt` and of the files of its directories, written
-before the `.pt` and checked when they are read (`saorl.checkpoint_digest`): a bit flipped on
+before the `.pt` and checked when they are read (`saorl.checkpoint.digest`): a bit flipped on
 storage makes the checkpoint damaged, not silently trained on. A disk that fills during a save
 raises `DiskFullError` (exit 2) naming the file; the previous checkpoint is untouched.
 """
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from saorl.checkpoint_digest import (
+from saorl.checkpoint.digest import (
     CheckpointError,
     DamagedCheckpointError,
     check,
@@ -216,8 +216,8 @@ class DiskFullError(CheckpointError):
 def _allowed_globals() -> list[Any]:
     """The only non-tensor types a saorl state file may hold besides plain Python data.
 
-    Rollout state is written as plain data (`saorl.resume`); the one object left is the task of
-    the built-in arithmetic environments, a frozen dataclass of three strings.
+    Rollout state is written as plain data (`saorl.rollout.resume`); the one object left is the task
+    of the built-in arithmetic environments, a frozen dataclass of three strings.
     """
     from saorl.envs.arithmetic import Problem
 
@@ -275,7 +275,7 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
     `torch.load(weights_only=True)` builds only tensors, plain Python data and the types of
     `_allowed_globals()`; a file that asks for anything else (a pickle calling a function, an
     unknown class) raises `UnsafeCheckpointError`, an unreadable one, or one whose digest
-    differs from the one written at save (`saorl.checkpoint_digest`), `DamagedCheckpointError`.
+    differs from the one written at save (`saorl.checkpoint.digest`), `DamagedCheckpointError`.
     """
     check(Path(path))
     try:
@@ -344,7 +344,7 @@ def read_sharded_metadata(folder: str | Path) -> Any:
     `folder` that exist.
 
     DCP would read a non-tensor entry with `torch.load(weights_only=False)`; saorl never writes
-    one (`saorl.distributed.dcp`), so such an entry, like a disallowed global or a storage path
+    one (`saorl.checkpoint.dcp`), so such an entry, like a disallowed global or a storage path
     outside the directory, raises `UnsafeCheckpointError`. An unreadable file, or a shard file
     that is missing, raises `DamagedCheckpointError`.
     """
@@ -435,7 +435,7 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
             except DamagedCheckpointError as e:
                 errors.append((path, f"its shards: {str(e).removeprefix(str(shards))}"))
                 continue
-            state["sharded"] = str(shards)  # read by saorl.checkpoint_shards.open_sharded
+            state["sharded"] = str(shards)  # read by saorl.checkpoint.shards.open_sharded
         found = (path, state)
         break
     if quarantine:

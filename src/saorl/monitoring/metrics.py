@@ -1,10 +1,11 @@
-"""Metrics: a JSONL log (always), experiment trackers (`saorl.tracking`) and a progress display.
+"""Metrics: a JSONL log (always), experiment trackers (`saorl.monitoring.tracking`) and a
+progress display.
 
 Every run writes `run_dir/metrics.jsonl`, one flat JSON object per `MetricsLogger.log` call with
 namespaced keys (`rollout/reward_mean`, `loss/policy`, ...; docs/design.md section 4, rule 7) and
 usually a `step` field. The file is opened in append mode so that a resumed run continues it; a
-reader therefore sees the steps after the last checkpoint twice, and `saorl.report` keeps the last
-value per (key, step). Non-finite floats are written as `null` (JSON has no NaN).
+reader therefore sees the steps after the last checkpoint twice, and `saorl.experiments.report`
+keeps the last value per (key, step). Non-finite floats are written as `null` (JSON has no NaN).
 
 `TrainProgress` shows a rich live display on a terminal; elsewhere (CI, a redirected log,
 `enabled=False`) it prints one plain line to stderr every ~10% of the steps instead.
@@ -63,7 +64,7 @@ def _to_json_value(key: str, value: Any) -> JSONValue:
 class MetricsLogger:
     """Appends one JSON line per `log` call to `run_dir/metrics.jsonl`, and feeds trackers.
 
-    Use as a context manager or call `close()`. Each tracker (`saorl.tracking.Tracker`:
+    Use as a context manager or call `close()`. Each tracker (`saorl.monitoring.tracking.Tracker`:
     TensorBoard, W&B, MLflow) gets every numeric value of every row (null ones skipped) at
     global step `metrics["step"]`, or the number of previous `log` calls when there is no
     `step` field. The logger closes them; leaving its `with` block by an exception closes them
@@ -97,7 +98,7 @@ class MetricsLogger:
         self._calls += 1
 
     def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
-        """Hand one sample dump (`saorl.samples`) to every tracker, as a table."""
+        """Hand one sample dump (`saorl.monitoring.samples`) to every tracker, as a table."""
         for tracker in self.trackers:
             tracker.log_samples(samples, step)
 

@@ -11,13 +11,13 @@ whichever files hold them, the pieces its shards need. The ranks that wrote a ch
 ranks that read it need not be as many: 2 -> 1, 1 -> 2 (tests/parity/test_fsdp_reshard.py).
 
 A single process (a learner without FSDP, `saorl eval`) reads such a checkpoint whole through
-`saorl.checkpoint_shards` (`SafeReader`, `open_sharded`, `WholeEntry`), which this module's
+`saorl.checkpoint.shards` (`SafeReader`, `open_sharded`, `WholeEntry`), which this module's
 readers share and which imports nothing of the distributed adapters.
 
 Loading runs no code from the files. DCP reads `.metadata` with plain `pickle.load` and
 non-tensor entries with `torch.load(weights_only=False)`; `SafeReader` reads the metadata
-through `saorl.checkpoint.read_sharded_metadata` instead (an allow-list unpickler that also
-refuses non-tensor entries and storage outside the directory), and only tensors are ever saved
+through `saorl.checkpoint.checkpoint.read_sharded_metadata` instead (an allow-list unpickler that
+also refuses non-tensor entries and storage outside the directory), and only tensors are ever saved
 here, whose bytes DCP reads with `weights_only=True`.
 """
 
@@ -26,10 +26,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from saorl.checkpoint import read_sharded_metadata
-from saorl.checkpoint_shards import SafeReader
+from saorl.checkpoint.checkpoint import read_sharded_metadata
+from saorl.checkpoint.shards import SafeReader
 
-# Learner counters a checkpoint restores (`saorl.learner.Learner.state_dict` has the same).
+# Learner counters a checkpoint restores (`saorl.learner.learner.Learner.state_dict` has the same).
 COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")
 
 
@@ -72,7 +72,7 @@ def load_sharded(learner: Any, state: dict[str, Any]) -> None:
     """Restore `learner` from a sharded checkpoint (every rank calls it: a collective).
 
     `state` holds the counters, `sharded` (the directory) and `param_groups`, as
-    `saorl.checkpoint.load_latest_checkpoint` returns them.
+    `saorl.checkpoint.checkpoint.load_latest_checkpoint` returns them.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

@@ -2,8 +2,8 @@
 
 Each receives every numeric value of every `metrics.jsonl` row (same keys, the row's `step` as
 the global step; null values are skipped), the config once, and the sample dumps of
-`saorl.samples` as a table. `run_dir/metrics.jsonl` stays the record of the run; trackers are
-views of it.
+`saorl.monitoring.samples` as a table. `run_dir/metrics.jsonl` stays the record of the run; trackers
+are views of it.
 
 - `tensorboard`: event files in `run_dir/tensorboard/`, tensorboardX's protobufs written
   synchronously (`TensorBoardTracker`); tensorboardX is a base dependency (~4 MB, where the

@@ -23,20 +23,20 @@ equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or 
 `learner.micro_batch_tokens > 0` rows packed into one row without padding up to that many tokens
 (`saorl.models.packing`).
 
-Step 4 is `saorl.policy_step.PolicyUpdate`, this class's base (mini-batches, micro-batches,
+Step 4 is `saorl.learner.policy_step.PolicyUpdate`, this class's base (mini-batches, micro-batches,
 the loss and its log-prob diagnostics). Steps 1-3 belong to the critic's
-`saorl.critic_updater.CriticUpdater` (in this process, or in a Ray actor of its own:
+`saorl.learner.critic_updater.CriticUpdater` (in this process, or in a Ray actor of its own:
 `saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
 run while this class runs step 4, on a thread of their own; the step's numbers are the same.
 
 This class is written for one process. Sharding over several ranks (FSDP2) changes what
-`self.sharding` does (`saorl.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this code.
-Nothing in a step waits for the device but its metrics, read once at its end. Losses and
+`self.sharding` does (`saorl.learner.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this
+code. Nothing in a step waits for the device but its metrics, read once at its end. Losses and
 metrics stay tensors until then. The micro-batch plan and `running_mean`'s scores are read from
 the batch while it is still on the CPU, before it moves to the device. Whether an optimizer
 step was taken (its gradient was finite) is a device flag: the fused AdamW skips a non-finite
-update on the device (`saorl.sharding.step_unless_nonfinite`), and the flags, typed fields of
-a `saorl.sharding.StepFlags` (not metrics), are read with the metrics, in the same sync
+update on the device (`saorl.learner.sharding.step_unless_nonfinite`), and the flags, typed fields
+of a `saorl.learner.sharding.StepFlags` (not metrics), are read with the metrics, in the same sync
 (`Sharding.read`). The counters follow from them: the policy version, the lr schedule
 (stepped once per update taken) and the skipped steps, with the same values as when each step
 was decided on the host. One exception keeps a sync: with `algorithm.minibatches > 1` during the
@@ -54,29 +54,29 @@ import torch
 from torch import nn
 
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
-from saorl.checkpoint import save_checkpoint
+from saorl.checkpoint.checkpoint import save_checkpoint
 from saorl.config import Config, ConfigError
 from saorl.corrections import finish_gaps, lab_keys
-from saorl.critic_updater import (
+from saorl.evaluation.evaluation import evaluate_policy
+from saorl.learner.critic_updater import (
     CriticUpdater,
     concurrent_critic,
     critic_device,
     plan_rows,
 )
-from saorl.evaluation import evaluate_policy
+from saorl.learner.policy_step import PolicyUpdate
+from saorl.learner.sft import supervised_warmup
+from saorl.learner.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
 from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.lora import add_lora, merged_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
-from saorl.policy_step import PolicyUpdate
-from saorl.samples import row_advantages, samples_due
-from saorl.sft import supervised_warmup
-from saorl.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
+from saorl.monitoring.samples import row_advantages, samples_due
 from saorl.types import Batch
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
-    from saorl.metrics import TrainProgress
+    from saorl.monitoring.metrics import TrainProgress
 
 
 class NonFiniteError(RuntimeError):
@@ -360,7 +360,8 @@ class Learner(PolicyUpdate):
         self.critic_updater.load(path)
 
     def evaluate(self, spec: EnvSpec, tokenizer: Any) -> dict[str, float]:
-        """Held-out metrics of the current policy (`saorl.evaluation.evaluate_policy`)."""
+        """Held-out metrics of the current policy
+        (`saorl.evaluation.evaluation.evaluate_policy`)."""
         # A fixed seed: every evaluation draws the same random numbers, so curves compare.
         seed = self.cfg.run.seed + 12345
         return evaluate_policy(self.policy, tokenizer, spec, self.cfg, seed=seed)

@@ -1,4 +1,4 @@
-"""String-level reading of a math answer, for the grader's fast path (`saorl.envs.math_grader`).
+"""String-level reading of a math answer, for the grader's fast path (`saorl.envs.math.grader`).
 
     normalize_answer("$\\dfrac{1}{2}$")        # "\\frac{1}{2}"
     count_alternatives("x = 1 \\text{ or } 2")  # 2

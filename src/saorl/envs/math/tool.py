@@ -2,11 +2,11 @@
 
 One episode: the problem (with tool instructions) -> model turns; a turn that ends in a tool
 call gets the sandboxed output back as an observation; a turn without a call is the answer,
-graded 1/0 on its last `\\boxed{}` (`saorl.envs.math_grader`). Malformed calls and calls to
+graded 1/0 on its last `\\boxed{}` (`saorl.envs.math.grader`). Malformed calls and calls to
 unknown tools come back as error observations the model can read.
 
 With `env.tools` (hermes or llama3 format) the model also has your Python functions
-(`saorl.envs.tools.FunctionTools`), offered besides the sandboxed `python` tool or, with
+(`saorl.envs.function_tools.FunctionTools`), offered besides the sandboxed `python` tool or, with
 `env.use_tool = false`, instead of it; their schemas (and python's) go to the chat template.
 """
 
@@ -17,9 +17,9 @@ from collections.abc import Callable
 from typing import Any
 
 from saorl.envs.base import Message, StepResult
-from saorl.envs.tools import FunctionTools
-from saorl.rollout.tools import ToolCallError, ToolFormat, parse_tool_call
+from saorl.envs.function_tools import FunctionTools
 from saorl.sandbox import Limits, run_python
+from saorl.toolcalls import ToolCallError, ToolFormat, parse_tool_call
 
 BOXED_ANSWER = "Put the final answer in \\boxed{}."
 # {answer}: how to give the final answer (env 'math': BOXED_ANSWER; env 'reasoning_gym': tags).
@@ -72,7 +72,7 @@ PYTHON_TOOL_SCHEMA = {
 
 
 def _default_grader(response: str, reference: str) -> float:
-    from saorl.envs.math_grader import grade
+    from saorl.envs.math.grader import grade
 
     return grade(response, reference)
 

@@ -8,7 +8,7 @@ The aim is math-verify's verdict (published MATH-500 / AIME numbers are graded w
 without sympy where a string or number comparison decides, and without rewarding hedges.
 Pipeline, first decisive step wins:
 1. `final_answer`: the boxes of the final answer as math-verify reads them
-   (`saorl.envs.math_extract`: the last `\\boxed{...}` and the boxes joined to it, such as
+   (`saorl.envs.math.extract`: the last `\\boxed{...}` and the boxes joined to it, such as
    `\\boxed{-2} \\quad\\text{and}\\quad \\boxed{1}`), joined by ", " when there are several. No
    boxed answer, an empty one, a truncated one (the last box never closes) or one longer than
    `_MAX_ANSWER_CHARS` grades 0.
@@ -24,7 +24,7 @@ Pipeline, first decisive step wins:
    AIME/GSM8K-style answers never start a worker). Anything else goes on.
 5. Slow path: `math_verify.parse` + `math_verify.verify` on `\\boxed{ANSWER}` (symbolic and
    numeric equivalence, sets in any order, intervals, units) in a worker process
-   (`saorl.envs.math_worker`: sympy can run for minutes or exhaust memory on a hostile answer,
+   (`saorl.envs.math.worker`: sympy can run for minutes or exhaust memory on a hostile answer,
    and math-verify's own timeout uses `signal.alarm`, which only works in a main thread).
    The answer is read whole (`math_worker.parse_answer`): math-verify's fallback to a number
    picked out of an answer it cannot parse is kept only where there is one candidate.
@@ -45,7 +45,7 @@ Decisions (the brief is silent on these):
   C-level big integer computation ignores signals) kills the worker and starts a fresh one on
   next use. Worker start-up (about a second: interpreter + sympy) is waited for separately
   (at most `_STARTUP_TIMEOUT_S`).
-- The worker is a fresh `python -m saorl.envs.math_worker` speaking over pipes, not a
+- The worker is a fresh `python -m saorl.envs.math.worker` speaking over pipes, not a
   multiprocessing "spawn" child, which re-imports the caller's `__main__`: `grade()` works from
   `python -c`, `python -` and unguarded scripts. Its address space is capped (a blow-up raises
   MemoryError there, graded 0); it exits when this process does; a forked child of this
@@ -68,9 +68,9 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from saorl.envs.math_extract import extract_boxed, extract_boxes
-from saorl.envs.math_normalize import count_alternatives, is_set_valued, normalize_answer
-from saorl.envs.math_worker import Worker, WorkerError, verify
+from saorl.envs.math.extract import extract_boxed, extract_boxes
+from saorl.envs.math.normalize import count_alternatives, is_set_valued, normalize_answer
+from saorl.envs.math.worker import Worker, WorkerError, verify
 
 __all__ = ["extract_boxed", "extract_boxes", "final_answer", "grade", "grade_batch", "shutdown"]
 
@@ -120,7 +120,7 @@ def _fast_verdict(answer: str, reference: str) -> float | None:
 
 
 # --------------------------------------------------------------------------------------------
-# The worker process (saorl.envs.math_worker): started lazily, killed and replaced on timeout
+# The worker process (saorl.envs.math.worker): started lazily, killed and replaced on timeout
 
 _lock = threading.Lock()
 _worker: Worker | None = None

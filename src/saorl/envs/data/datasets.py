@@ -4,7 +4,7 @@
     problems = load_problems("train.parquet")   # verl: prompt messages, reward_model.ground_truth
     problems = load_preset("math500", limit=50)  # packaged copy, or $SAORL_DATA
 
-Files are read by `saorl.envs.dataset_files` (JSON lines, JSON arrays, gzip, Parquet, directories
+Files are read by `saorl.envs.data.files` (JSON lines, JSON arrays, gzip, Parquet, directories
 saved by `datasets`). Each row becomes a `MathProblem`; a row that does not fit fails with the
 file, the row and the key.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
-from saorl.envs.dataset_files import (
+from saorl.envs.data.files import (
     DatasetError,
     DatasetNotFoundError,
     display_name,

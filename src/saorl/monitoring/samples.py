@@ -31,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from saorl.metrics import MetricsLogger
+from saorl.monitoring.metrics import MetricsLogger
 from saorl.types import Trajectory
 
 if TYPE_CHECKING:

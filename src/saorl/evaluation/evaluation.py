@@ -6,7 +6,7 @@ agent loop as training rollouts (`RolloutWorker`), so a tool task is evaluated w
 pass@1 is averaged over k samples per problem (avg@k); pass@k uses the unbiased estimator of
 Chen et al. (2021) over the same k samples; maj@k grades the majority vote of the k samples
 (`majority`). `saorl eval --prompt-template` opens each episode with a published prompt
-(`saorl.eval_prompts`).
+(`saorl.evaluation.prompts`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torch import nn
 
 from saorl.config import Config, ConfigError, ModelConfig, load_config
 from saorl.envs.base import EnvSpec, task_key
-from saorl.eval_prompts import prompt_template as resolve_template
+from saorl.evaluation.prompts import prompt_template as resolve_template
 from saorl.rollout.factory import build_engine
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
@@ -103,8 +103,8 @@ def vote(text: str) -> str | None:
     `\\dfrac{1}{2}` and `\\frac12`-style spacing variants vote together; `1/2` and `0.5` do not);
     a text without a box votes with the whole text, normalised (envs that answer bare, such
     as 'arithmetic'); None (no vote) for an empty text."""
-    from saorl.envs.math_grader import final_answer
-    from saorl.envs.math_normalize import normalize_answer
+    from saorl.envs.math.grader import final_answer
+    from saorl.envs.math.normalize import normalize_answer
 
     answer = final_answer(text)
     return normalize_answer(text.strip() if answer is None else answer) or None
@@ -180,7 +180,7 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
     """A run directory (its `final/` policy), a checkpoint file of a run
     (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`, on
     `model.device`; `cfg` is the `[model]` section (dtype, device, built-in shape)."""
-    from saorl.checkpoint import CheckpointError, load_state_file
+    from saorl.checkpoint.checkpoint import CheckpointError, load_state_file
     from saorl.models.loading import load_policy, resolve_device
     from saorl.models.lora import merged_checkpoint_policy
 
@@ -241,7 +241,7 @@ def run_eval(
     sampling is `cfg.rollout`'s (temperature, top_p, max_new_tokens, stop), the context
     `model.max_seq_len`, the seed `run.seed`. With `base_url`, `model` is the served model's
     name and episodes go over HTTP. `prompt_template`: a name in
-    `saorl.eval_prompts.PROMPT_TEMPLATES` or a text with `{problem}` (ValueError otherwise).
+    `saorl.evaluation.prompts.PROMPT_TEMPLATES` or a text with `{problem}` (ValueError otherwise).
     """
     import concurrent.futures
 
@@ -374,8 +374,8 @@ def model_label(model: str) -> str:
 def check_paths(model: str, out: str | None, served: bool) -> None:
     """Before `saorl eval` runs anything: refuse an `--out` that cannot take the results, a
     checkpoint MODEL that no longer exists (pruned by the run that wrote it), and a damaged
-    checkpoint Hugging Face copy (`saorl.checkpoint_digest`)."""
-    from saorl.checkpoint_digest import check
+    checkpoint Hugging Face copy (`saorl.checkpoint.digest`)."""
+    from saorl.checkpoint.digest import check
 
     if out is not None:
         path = Path(out)
@@ -418,7 +418,7 @@ def write_results(
     from rich.table import Table
     from rich.text import Text
 
-    from saorl.terminal import printable
+    from saorl.monitoring.terminal import printable
 
     env = cfg.env
     name = env.name

@@ -1,12 +1,13 @@
 """The report of `saorl compare`: read the run directories back (never train) and summarise.
 
 One run per arm (`OUT/ARM`), or with `--seeds N` one per arm and seed (`OUT/ARM/seedS`). The
-report holds, per arm, what the arm is (`saorl.compare_arms.arm_components` of the config it
+report holds, per arm, what the arm is (`saorl.experiments.arms.arm_components` of the config it
 ran), and over its seeds the mean, standard deviation (sample, ddof 1) and range of the final
-held-out accuracy, the fraction of seeds that collapsed (`saorl.collapse.detect_collapse`) and
-their median collapse step; per run the figures of `arm_result`. Files: `compare.png` (with
-several seeds: the mean over seeds, the band their min-max range), `summary.csv` (one row per
-run), `arms.csv` (one row per arm) and a self-contained `index.html`.
+held-out accuracy, the fraction of seeds that collapsed
+(`saorl.monitoring.collapse.detect_collapse`) and their median collapse step; per run the figures of
+`arm_result`. Files: `compare.png` (with several seeds: the mean over seeds, the band their min-max
+range), `summary.csv` (one row per run), `arms.csv` (one row per arm) and a self-contained
+`index.html`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from saorl.collapse import detect_collapse, metric_series
-from saorl.compare_arms import ARMS, COMPONENTS, arm_components
 from saorl.config import ConfigError, load_config
-from saorl.metrics import METRICS_FILE, read_metrics
+from saorl.experiments.arms import ARMS, COMPONENTS, arm_components
+from saorl.monitoring.collapse import detect_collapse, metric_series
+from saorl.monitoring.metrics import METRICS_FILE, read_metrics
 
 SUMMARY_FILE = "summary.json"
 FAILED_FILE = "failed.json"
@@ -269,8 +270,8 @@ def _html(out_dir: Path, table: list[dict[str, Any]], arms: list[dict[str, Any]]
         "<h2>Per arm</h2><p>Final <code>eval/accuracy</code> over the arm's seeds: mean, sample "
         "standard deviation, min and max; the fraction of seeds that collapsed and their median "
         "collapse step. Collapse: the first step at which the collapse detector fires "
-        "(<code>saorl.collapse.detect_collapse</code>, the same rules for every run; the runs "
-        "table says which signal). Wall seconds are the RL phase.</p>"
+        "(<code>saorl.monitoring.collapse.detect_collapse</code>, the same rules for every run; "
+        "the runs table says which signal). Wall seconds are the RL phase.</p>"
     )
     parts += _table(arms, ARM_COLUMNS[: -len(COMPONENTS)], out_dir)
     parts.append("<h2>Runs</h2>")
@@ -315,7 +316,7 @@ def write_compare_report(
     still running, one that crashed, or one copied from another machine. Returns the path of
     `index.html`.
     """
-    from saorl.report import COMPARE_FILE, plot_compare, plot_compare_seeds
+    from saorl.experiments.report import COMPARE_FILE, plot_compare, plot_compare_seeds
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

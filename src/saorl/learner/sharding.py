@@ -11,7 +11,8 @@ policy and critic are sharded over several ranks goes through one `Sharding` obj
 - `optimizer_step(params, opt, clip)`: clip, and step unless the gradient is not finite
   (decided on the device: `step_unless_nonfinite`);
 - `for_critic()`: a `Sharding` for a critic that updates beside the policy (sharded: over a
-  process group of its own, so that the two never interleave collectives; `saorl.critic_updater`);
+  process group of its own, so that the two never interleave collectives;
+  `saorl.learner.critic_updater`);
 - `floats(metrics)`: a step's metrics as python floats, combined over ranks, in one sync;
 - `full_state` / `optimizer_state` / `load_state`: whole state dicts for weight pushes and
   checkpoints.

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal, Union
 
 from saorl.config import ConfigError
-from saorl.rollout.tools import ToolCall
+from saorl.toolcalls import ToolCall
 
 _PRIMITIVES: dict[Any, str] = {int: "integer", float: "number", str: "string", bool: "boolean"}
 _SECTION = re.compile(

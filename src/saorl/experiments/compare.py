@@ -14,14 +14,15 @@ run.seed+1, ... into `OUT/ARM/seedS` (one seed: `OUT/ARM`), seed by seed: all ar
 first seed finish before the second starts, so a stopped comparison is a complete one over
 fewer seeds. Runs go one after another by default (the CPU default has 2 cores; two runs side
 by side would each get half and measure nothing about asynchrony); `--jobs J` runs J at a time,
-each in its own process (`python -m saorl.compare RUN_JSON`), for machines with cores to spare.
+each in its own process (`python -m saorl.experiments.compare RUN_JSON`), for machines with cores to
+spare.
 
 Runs are resumable: one with `summary.json` is done and skipped; one with a checkpoint is
 resumed from it; one that got no checkpoint (stopped in its warm-up) is moved aside to
 `NAME.incomplete-N` and started again. A run that raises (or whose process dies) is recorded in
 its `failed.json` and the next one runs; a rerun retries it.
 
-Arms and their syntax: `saorl.compare_arms`; the report: `saorl.compare_report`.
+Arms and their syntax: `saorl.experiments.arms`; the report: `saorl.experiments.compare_report`.
 """
 
 from __future__ import annotations
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from saorl.compare_arms import (  # noqa: F401  (re-exported: the public names of compare)
+from saorl.config import Config, ConfigError, load_config
+from saorl.config.io import toml_string
+from saorl.experiments.arms import (  # noqa: F401  (re-exported: the public names of compare)
     ARMS,
     DEFAULT_ARMS,
     Arm,
@@ -45,7 +48,7 @@ from saorl.compare_arms import (  # noqa: F401  (re-exported: the public names o
     parse_arms,
     split_arms,
 )
-from saorl.compare_report import (  # noqa: F401
+from saorl.experiments.compare_report import (  # noqa: F401
     FAILED_FILE,
     MANIFEST_FILE,
     SUMMARY_FILE,
@@ -53,9 +56,7 @@ from saorl.compare_report import (  # noqa: F401
     failed_runs,
     write_compare_report,
 )
-from saorl.config import Config, ConfigError, load_config
-from saorl.config.io import toml_string
-from saorl.metrics import METRICS_FILE
+from saorl.monitoring.metrics import METRICS_FILE
 
 
 def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
@@ -213,7 +214,8 @@ def run_one(run: Run, base_config: Path | None, tag: str) -> bool:
 
 
 def _spawn(run: Run, base_config: Path | None, tag: str) -> subprocess.Popen[bytes]:
-    """`python -m saorl.compare RUN_JSON` for one run, its output appended to `RUN_DIR.log`."""
+    """`python -m saorl.experiments.compare RUN_JSON` for one run, its output appended to
+    `RUN_DIR.log`."""
     run.run_dir.parent.mkdir(parents=True, exist_ok=True)
     spec = {
         "arm": run.arm.name,
@@ -223,7 +225,7 @@ def _spawn(run: Run, base_config: Path | None, tag: str) -> subprocess.Popen[byt
         "base_config": None if base_config is None else str(base_config),
     }
     with (run.run_dir.parent / f"{run.run_dir.name}.log").open("ab") as log:
-        cmd = [sys.executable, "-m", "saorl.compare", json.dumps(spec)]
+        cmd = [sys.executable, "-m", "saorl.experiments.compare", json.dumps(spec)]
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # holds its own fd
 
 
@@ -322,7 +324,8 @@ def run_compare(
 
 
 def _main(argv: Sequence[str]) -> int:
-    """`python -m saorl.compare RUN_JSON`: one run of `saorl compare --jobs J` (J > 1)."""
+    """`python -m saorl.experiments.compare RUN_JSON`: one run of `saorl compare --jobs J`
+    (J > 1)."""
     spec = json.loads(argv[0])
     base = None if spec["base_config"] is None else Path(spec["base_config"])
     overrides = tuple(spec["overrides"])

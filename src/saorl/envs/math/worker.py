@@ -1,10 +1,10 @@
 """The math grader's worker process: math-verify, run apart from the caller.
 
-    worker = Worker()                                  # parent side (saorl.envs.math_grader)
+    worker = Worker()                                  # parent side (saorl.envs.math.grader)
     worker.call(verify, "\\\\sqrt{4}", "2", 5.0, wait_s=6.0)   # True, False or None
     worker.kill()
 
-Started as `python -m saorl.envs.math_worker READ_FD WRITE_FD`, a fresh interpreter talking to
+Started as `python -m saorl.envs.math.worker READ_FD WRITE_FD`, a fresh interpreter talking to
 its parent over two pipes (`multiprocessing.connection.Connection`: length-framed pickles), so
 it never imports the caller's `__main__`: `grade()` works from `python -c`, `python -` (stdin),
 a notebook or any script, guarded by `if __name__ == "__main__":` or not (multiprocessing's
@@ -41,7 +41,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-_log = logging.getLogger("saorl.envs.math_grader")
+_log = logging.getLogger("saorl.envs.math.grader")
 
 WORKER_MEMORY_BYTES = 4 * 2**30
 # What math-verify's fallback can pick out of an answer it cannot parse whole: a simple
@@ -176,7 +176,7 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "saorl.envs.math_worker", str(to_worker_r),
+                [sys.executable, "-m", "saorl.envs.math.worker", str(to_worker_r),
                  str(from_worker_w)],
                 pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, env=env, close_fds=True,
@@ -247,6 +247,6 @@ if __name__ == "__main__":
     # Through the imported module, not this `__main__` copy: the functions the parent sends
     # are pickled by their module's name, and their exceptions must be the classes `_serve`
     # catches.
-    from saorl.envs import math_worker
+    from saorl.envs.math import worker as math_worker
 
     math_worker.main(sys.argv[1:])

@@ -3,7 +3,7 @@ or a directory written by the `datasets` library (`Dataset.save_to_disk`).
 
     for number, row in read_rows(Path("data/train.parquet")): ...
 
-What a row means (which field is the prompt) is `saorl.envs.datasets`'s business; this module
+What a row means (which field is the prompt) is `saorl.envs.data.datasets`'s business; this module
 only reads. Every failure is a `DatasetError` naming the file and, where there is one, the line
 or row.
 

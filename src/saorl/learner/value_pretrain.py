@@ -22,19 +22,19 @@ import torch
 
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import build_env
-from saorl.evaluation import run_episodes
-from saorl.learner import Learner
+from saorl.evaluation.evaluation import run_episodes
+from saorl.learner.learner import Learner
+from saorl.learner.sharding import StepMetrics
 from saorl.losses import value_loss
-from saorl.metrics import TrainProgress
 from saorl.models.loading import load_policy, resolve_device
+from saorl.monitoring.metrics import TrainProgress
 from saorl.rollout.agent import UNTRAINABLE
-from saorl.sharding import StepMetrics
 from saorl.types import Batch
 
 
 def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
     """Explained variance of the critic's values against the value targets the training step
-    uses (`saorl.critic_updater.gae_targets`), over the action tokens of all `batches`."""
+    uses (`saorl.learner.critic_updater.gae_targets`), over the action tokens of all `batches`."""
     values, returns, masks = [], [], []
     for b in batches:
         v, ret = learner.critic_updater.evaluate(b)

@@ -23,7 +23,7 @@ from saorl.models.tokenizer import encode_prompt
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
-    from saorl.metrics import TrainProgress
+    from saorl.monitoring.metrics import TrainProgress
 
 
 def encode_segments(

@@ -6,7 +6,7 @@ appends to the same file, so the steps after the last checkpoint appear twice: p
 last value logged for a step wins. `report_run(run_dir)` writes `run_dir/report.png`.
 
 `plot_compare(runs, out_png)` draws several runs on one grid, one colour per run, with each
-run's collapse step (`saorl.collapse.detect_collapse`) as a dotted vertical line;
+run's collapse step (`saorl.monitoring.collapse.detect_collapse`) as a dotted vertical line;
 `plot_compare_seeds` draws several seeds per arm as a mean line and a min-max band;
 `report_runs(run_dirs, out)` is `saorl report A B ...`.
 """
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from saorl.collapse import detect_collapse, metric_series, trailing_mean
-from saorl.metrics import METRICS_FILE, read_metrics
+from saorl.monitoring.collapse import detect_collapse, metric_series, trailing_mean
+from saorl.monitoring.metrics import METRICS_FILE, read_metrics
 
 REPORT_FILE = "report.png"
 COMPARE_FILE = "compare.png"
@@ -88,7 +88,8 @@ def plot_run(
     """Draw the run's curves into `out_png` (parent directories created); return its path.
 
     Critic-only steps (`learner/warmup`) are shaded on every panel; a collapse finding
-    (`saorl.collapse`) is a dotted vertical line at its detected step, named in the title."""
+    (`saorl.monitoring.collapse`) is a dotted vertical line at its detected step, named in the
+    title."""
     fig = run_figure(metrics, title, collapse)
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
