@@ -1,4 +1,5 @@
-"""Package boundaries: what importing one part of saorl drags in with it, and import cycles.
+"""Package boundaries: the rooms of src/saorl and which may import which, what importing one part
+of saorl drags in with it, and import cycles.
 
 `python tests/unit/test_layout.py` prints every import cycle among saorl's modules.
 """
@@ -14,6 +15,52 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
+# The top of src/saorl: the front doors, the loop and the interfaces it is written against, the
+# types, the pure math, the tool-call formats, and the small run-level pieces of the CLI.
+TOP_LEVEL = {
+    *("__init__", "__main__", "_moved", "api", "cli", "cli_parser"),  # front doors
+    *("loop", "interfaces", "topology", "types"),
+    *("losses", "advantages", "corrections"),  # pure functions with the paper's equations
+    "toolcalls",  # the one module both rollout/ and envs/ use for how a model calls a tool
+    *("run_plan", "signals", "run_lock", "faults", "trust"),
+}
+# The rooms (folders), each a part a newcomer can name; `data` holds package data, no code.
+ROOMS = {
+    *("learner", "rollout", "envs", "models", "checkpoint", "evaluation"),
+    *("experiments", "monitoring", "config", "sandbox", "distributed", "data"),
+}
+# room (or top-level module) -> the rooms and top-level modules it may import, in function bodies
+# and type-only imports too. Top-level modules not named here (the loop, the CLI) may import any.
+MAY_IMPORT: dict[str, set[str]] = {
+    "config": set(),
+    "sandbox": set(),
+    "losses": set(),
+    "advantages": set(),
+    "corrections": {"losses"},
+    "toolcalls": set(),
+    "monitoring": {"config", "types"},
+    # envs: the built-in arithmetic task, the one object a checkpoint may hold
+    "checkpoint": {"config", "faults", "envs"},
+    "models": {"config", "types", "learner"},  # learner: the type of lora's Sharding argument
+    "envs": {"config", "sandbox", "toolcalls", "rollout"},
+    "rollout": {"config", "envs", "models", "checkpoint", "interfaces", "toolcalls", "types"},
+    "evaluation": {"config", "envs", "models", "monitoring", "rollout", "checkpoint", "types"},
+    "learner": {
+        *("config", "envs", "models", "monitoring", "rollout", "checkpoint", "evaluation"),
+        *("advantages", "corrections", "losses", "types"),
+    },
+    "experiments": {"config", "monitoring", "loop"},
+    "distributed": {
+        *("config", "envs", "models", "rollout", "checkpoint", "evaluation", "learner"),
+        *("signals", "types"),
+    },
+}
+# Where rollout/ and envs/ meet, besides the formats in saorl.toolcalls: the environment protocol,
+# and the exception an agent program's failed episode raises (defined beside the runs).
+BETWEEN = {
+    ("rollout", "envs"): {"saorl.envs.base"},
+    ("envs", "rollout"): {"saorl.rollout.agent_runs"},
+}
 # module -> modules (and their submodules) that importing it must not load
 BOUNDARIES = {
     # Tool-running processes import only the sandbox: no torch, no environments.
@@ -21,11 +68,14 @@ BOUNDARIES = {
     # The loop and the learner are single-process code; adapters live in saorl.distributed.
     # Tracker packages load only when run.trackers names them.
     "saorl.loop": ("ray", "saorl.distributed", "wandb", "mlflow", "tensorboardX"),
-    "saorl.learner": ("ray", "saorl.distributed"),
+    "saorl.learner.learner": ("ray", "saorl.distributed"),
     # Configs stay instant to load and print.
     "saorl.config": ("torch",),
+    # The tool-call formats are plain text rules, shared by both sides.
+    "saorl.toolcalls": ("torch", "saorl.rollout", "saorl.envs"),
 }
-# Modules that must not name the distributed adapters anywhere, not even in a function body.
+# Modules (and their submodules) that must not name the distributed adapters anywhere, not even
+# in a function body.
 SINGLE_PROCESS = ("saorl.loop", "saorl.learner")
 MAX_LINES = 500  # per file in src/ (docs/design.md section 4, rule 5)
 
@@ -52,18 +102,47 @@ def test_no_import_cycles(lazy: bool) -> None:
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("module", SINGLE_PROCESS)
-def test_single_process_code_names_no_adapter(module: str) -> None:
-    path = module_names()[module]
-    for node in _import_nodes(ast.parse(path.read_bytes()).body, lazy=True):
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            names = [node.module or ""]
-        else:
+def room(module: str) -> str:
+    """`saorl.learner.sharding` -> `learner`, `saorl.loop` -> `loop`, `saorl` -> `saorl`."""
+    return module.split(".")[1] if "." in module else module
+
+
+def test_the_top_level_is_a_dozen_modules_and_the_rooms() -> None:
+    top = {p.stem for p in (SRC / "saorl").glob("*.py")}
+    folders = {p.name for p in (SRC / "saorl").iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert top == TOP_LEVEL, f"new: {top - TOP_LEVEL}, gone: {TOP_LEVEL - top}"
+    assert folders == ROOMS, f"new: {folders - ROOMS}, gone: {ROOMS - folders}"
+
+
+@pytest.mark.parametrize("name", sorted(MAY_IMPORT))
+def test_a_room_imports_only_the_rooms_it_may(name: str) -> None:
+    wrong = []
+    for module, targets in import_graph(lazy=True).items():
+        if room(module) != name:
             continue
-        for name in names:
-            assert not name.startswith(("ray", "saorl.distributed")), f"{module} imports {name}"
+        for target in sorted(targets):
+            other = room(target)
+            if other in (name, "_moved", "saorl"):  # `_moved`: the forwarding of old names
+                continue
+            if other not in MAY_IMPORT[name] or target not in BETWEEN.get((name, other), {target}):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, f"{name} may import only {sorted(MAY_IMPORT[name])}: {wrong}"
+
+
+@pytest.mark.parametrize("package", SINGLE_PROCESS)
+def test_single_process_code_names_no_adapter(package: str) -> None:
+    modules = [p for m, p in module_names().items() if m == package or m.startswith(package + ".")]
+    assert modules
+    for path in modules:
+        for node in _import_nodes(ast.parse(path.read_bytes()).body, lazy=True):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            for name in names:
+                assert not name.startswith(("ray", "saorl.distributed")), f"{path} imports {name}"
 
 
 def test_no_source_file_is_too_long() -> None:
