@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from saorl.config.runtime import CollapseConfig
+from saorl.config.collapse import CollapseConfig
 from saorl.monitoring.collapse import CollapseDetector, detect_collapse
 
 BATCH = 64

@@ -19,14 +19,9 @@ This module must not import torch: `saorl --help` and `saorl train --print-confi
 
 from __future__ import annotations
 
+from saorl.config.algorithm import AlgorithmConfig
 from saorl.config.base import ConfigError
-from saorl.config.components import (
-    AlgorithmConfig,
-    CriticConfig,
-    LearnerConfig,
-    ModelConfig,
-    RolloutConfig,
-)
+from saorl.config.critic import CriticConfig
 from saorl.config.env import EnvConfig
 from saorl.config.io import (
     config_from_dict,
@@ -35,7 +30,12 @@ from saorl.config.io import (
     load_config,
     parse_override,
 )
-from saorl.config.runtime import Config, RayConfig, RunConfig
+from saorl.config.learner import LearnerConfig
+from saorl.config.model import ModelConfig
+from saorl.config.ray import RayConfig
+from saorl.config.rollout import RolloutConfig
+from saorl.config.root import Config
+from saorl.config.run import RunConfig
 
 __all__ = [
     "AlgorithmConfig",

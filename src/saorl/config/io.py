@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 
 from saorl.config.base import ConfigError
 from saorl.config.presets import describe_presets, implied_settings
-from saorl.config.runtime import Config
+from saorl.config.root import Config
 
 # ---------------------------------------------------------------------------------------------
 # Loading

@@ -4,7 +4,7 @@ An algorithm is more than its advantage estimator and policy loss: VAPO also fix
 lambdas, an extra LM loss, group sampling, several mini-batch updates per batch, and how its
 critic trains (lr, freezing, updates per step, value pre-training). So a preset is a list of
 settings, each a `section.field` with a value and the source it comes from, and the root
-`Config` applies it before validation (`apply_presets`, hooked in `saorl.config.runtime`):
+`Config` applies it before validation (`apply_presets`, hooked in `saorl.config.root`):
 
 - a setting fills its field only where the input leaves that field out: anything set
   explicitly (in the TOML file or an override) always wins;

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from saorl.config import Config, ConfigError, load_config, parse_override
-from saorl.config.components import AlgorithmConfig
+from saorl.config.algorithm import AlgorithmConfig
 
 # From the config's field, not saorl.corrections: this module must load without torch.
 CORRECTIONS: tuple[str, ...] = get_args(AlgorithmConfig.model_fields["correction"].annotation)

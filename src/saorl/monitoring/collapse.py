@@ -6,7 +6,7 @@ until someone looks at it. `CollapseDetector.update(row)` runs inside the traini
 step (`saorl.loop`: the `collapse/*` columns of metrics.jsonl, the progress line, summary.json,
 `run.stop_on_collapse`); `detect_collapse(rows)` replays a finished run's rows through the same
 detector, so the comparison report and the live run can never disagree. Thresholds are the
-`[collapse]` config section (`saorl.config.runtime.CollapseConfig`).
+`[collapse]` config section (`saorl.config.collapse.CollapseConfig`).
 
 Signals (`collapse/<name>`), one rule each:
 
@@ -60,7 +60,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from saorl.config.runtime import CollapseConfig
+from saorl.config.collapse import CollapseConfig
 
 REWARD_KEY = "rollout/reward_mean"
 EVAL_KEY = "eval/accuracy"
