@@ -54,6 +54,10 @@ MOVED = {
     "saorl.envs.dataset_files": "saorl.envs.data.files",
     "saorl.envs.tools": "saorl.envs.function_tools",
     "saorl.rollout.tools": "saorl.toolcalls",
+    # the config split by section: the package exports what components.py held; root.py
+    # defines Config and imports the run, collapse and ray sections runtime.py held
+    "saorl.config.components": "saorl.config",
+    "saorl.config.runtime": "saorl.config.root",
 }
 # old module that is now a package of the same name -> the module inside it
 FORWARDED = {

@@ -52,6 +52,8 @@ def test_the_public_names_users_are_shown_import() -> None:
         "saorl.learner": ("Learner", "saorl.learner.learner"),
         "saorl.losses": ("dis_policy_loss", "saorl.losses"),
         "saorl.rollout.tools": ("parse_tool_call", "saorl.toolcalls"),
+        "saorl.config.components": ("AlgorithmConfig", "saorl.config.algorithm"),
+        "saorl.config.runtime": ("CollapseConfig", "saorl.config.collapse"),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
