@@ -303,7 +303,7 @@ DATASET_PRESETS: dict[str, DatasetPreset] = {
 }
 
 # The copies shipped inside the package (package data), gzip-compressed.
-PACKAGED_DATA = Path(__file__).resolve().parent.parent / "data"
+PACKAGED_DATA = Path(__file__).resolve().parents[2] / "data"  # src/saorl/data
 
 
 def default_data_root() -> Path:
