@@ -250,8 +250,9 @@ class _EvalDrop(_Rule):
 class _Spike(_Rule):
     """Raw value above `factor` x the median of the values before it + `floor`."""
 
-    def __init__(self, name: str, keys: tuple[str, ...], factor: float, floor: float,
-                 cfg: CollapseConfig) -> None:  # fmt: skip
+    def __init__(
+        self, name: str, keys: tuple[str, ...], factor: float, floor: float, cfg: CollapseConfig
+    ) -> None:
         super().__init__(name, keys, cfg.patience)
         # Judged once it has `window` values of history (at most the whole baseline window).
         self.factor, self.floor = factor, floor

@@ -91,8 +91,9 @@ class MetricsLogger:
             step = row.get("step")
             global_step = step if isinstance(step, int) and not isinstance(step, bool) else None
             global_step = self._calls if global_step is None else global_step
-            scalars = {k: float(v) for k, v in row.items()
-                       if k != "step" and isinstance(v, int | float)}  # fmt: skip
+            scalars = {
+                k: float(v) for k, v in row.items() if k != "step" and isinstance(v, int | float)
+            }
             for tracker in self.trackers:
                 tracker.log_metrics(scalars, global_step)
         self._calls += 1

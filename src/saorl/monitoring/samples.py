@@ -145,8 +145,15 @@ def sample_row(
 class SampleLogger:
     """Writes the sample dumps of a run (`run.log_samples_every`, `run.log_samples_count`)."""
 
-    def __init__(self, run_dir: Path, tokenizer: Any, every: int, count: int, last_step: int,
-                 log: MetricsLogger) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_dir: Path,
+        tokenizer: Any,
+        every: int,
+        count: int,
+        last_step: int,
+        log: MetricsLogger,
+    ) -> None:
         self.path = Path(run_dir) / SAMPLES_FILE
         self.tokenizer, self.every, self.count, self.log = tokenizer, every, count, log
         self.last_step = last_step
@@ -170,8 +177,10 @@ class SampleLogger:
         if not self.due(step):
             return []
         adv = advantages or {}
-        rows = [sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics, adv.get(i))
-                for i, t in enumerate(trajectories[: self.count])]  # fmt: skip
+        rows = [
+            sample_row(self.tokenizer, t, step, i, staleness[i], batch_metrics, adv.get(i))
+            for i, t in enumerate(trajectories[: self.count])
+        ]
         for t in failed:
             rows.append({**sample_row(self.tokenizer, t, step, 0, 0, {}), "index": None})
         with self.path.open("a", encoding="utf-8") as f:

@@ -53,8 +53,15 @@ from saorl.config import Config, ConfigError, config_to_toml
 TRACKERS_FILE = "trackers.json"
 INSTALL_HINT = "pip install 'saorl[tracking]'"
 # Columns of the samples table (wandb.Table); samples.jsonl rows hold these and more.
-SAMPLE_COLUMNS = ("step", "index", "reward", "staleness", "stop_reason", "advantage_mean",
-                  "transcript")  # fmt: skip
+SAMPLE_COLUMNS = (
+    "step",
+    "index",
+    "reward",
+    "staleness",
+    "stop_reason",
+    "advantage_mean",
+    "transcript",
+)
 
 
 def mlflow_key(key: str) -> str:
@@ -155,8 +162,15 @@ def render_transcript(sample: Mapping[str, Any]) -> str:
 
 def _table_row(sample: Mapping[str, Any]) -> list[Any]:
     adv = sample.get("batch_advantage", {}).get("mean")
-    return [sample["step"], sample["index"], sample["reward"], sample["staleness"],
-            sample["stop_reason"], adv, render_transcript(sample)]  # fmt: skip
+    return [
+        sample["step"],
+        sample["index"],
+        sample["reward"],
+        sample["staleness"],
+        sample["stop_reason"],
+        adv,
+        render_transcript(sample),
+    ]
 
 
 class TensorBoardTracker:
@@ -196,8 +210,9 @@ class TensorBoardTracker:
         data = event.SerializeToString()
         header = struct.pack("<Q", len(data))
         crc = self._crc
-        self._file.write(header + struct.pack("<I", crc(header)) + data
-                         + struct.pack("<I", crc(data)))  # fmt: skip
+        self._file.write(
+            header + struct.pack("<I", crc(header)) + data + struct.pack("<I", crc(data))
+        )
         self._file.flush()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -257,8 +272,9 @@ class WandbTracker:
         self.run.log(dict(metrics), step=step)
 
     def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
-        table = self._wandb.Table(columns=list(SAMPLE_COLUMNS),
-                                  data=[_table_row(s) for s in samples])  # fmt: skip
+        table = self._wandb.Table(
+            columns=list(SAMPLE_COLUMNS), data=[_table_row(s) for s in samples]
+        )
         self.run.log({"samples": table}, step=step)
 
     def state(self) -> dict[str, Any]:
@@ -286,9 +302,11 @@ class MlflowTracker:
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(cfg.run.project)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(
-            cfg.run.project, artifact_location=artifacts
-        )  # fmt: skip
+        exp_id = (
+            exp.experiment_id
+            if exp
+            else self.client.create_experiment(cfg.run.project, artifact_location=artifacts)
+        )
         self.run_id = None
         if prior and prior.get("run_id") and prior.get("tracking_uri") == uri:
             try:
@@ -319,8 +337,9 @@ class MlflowTracker:
 
     def log_samples(self, samples: Sequence[Mapping[str, Any]], step: int) -> None:
         # log_table needs pandas, which mlflow-skinny does not bring: a JSON artifact instead.
-        self.client.log_dict(self.run_id, {"step": step, "samples": list(samples)},
-                             f"samples/step_{step:06d}.json")  # fmt: skip
+        self.client.log_dict(
+            self.run_id, {"step": step, "samples": list(samples)}, f"samples/step_{step:06d}.json"
+        )
 
     def state(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "tracking_uri": self.uri}
