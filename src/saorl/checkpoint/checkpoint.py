@@ -305,8 +305,9 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
             first = first[:300].rsplit(" ", 1)[0] + " ..."
         raise DamagedCheckpointError(f"{path}: cannot be read ({type(e).__name__}: {first})") from e
     if not isinstance(state, dict):
-        raise DamagedCheckpointError(f"{path}: not a saorl state file (holds a "
-                                     f"{type(state).__name__}, not a dict)")  # fmt: skip
+        raise DamagedCheckpointError(
+            f"{path}: not a saorl state file (holds a {type(state).__name__}, not a dict)"
+        )
     return state
 
 
@@ -314,12 +315,25 @@ def load_state_file(path: str | Path) -> dict[str, Any]:
 # metadata records, torch sizes, dtypes and layouts, and the path it was saved under.
 _DCP = "torch.distributed.checkpoint."
 _DCP_GLOBALS = {
-    *((_DCP + "metadata", n) for n in ("Metadata", "TensorStorageMetadata", "TensorProperties",
-                                        "ChunkStorageMetadata", "MetadataIndex", "StorageMeta",
-                                        "BytesStorageMetadata", "_MEM_FORMAT_ENCODING")),
-    (_DCP + "filesystem", "_StorageInfo"), ("torch", "Size"),
-    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"), ("pathlib", "WindowsPath"),
-}  # fmt: skip
+    *(
+        (_DCP + "metadata", n)
+        for n in (
+            "Metadata",
+            "TensorStorageMetadata",
+            "TensorProperties",
+            "ChunkStorageMetadata",
+            "MetadataIndex",
+            "StorageMeta",
+            "BytesStorageMetadata",
+            "_MEM_FORMAT_ENCODING",
+        )
+    ),
+    (_DCP + "filesystem", "_StorageInfo"),
+    ("torch", "Size"),
+    ("torch.serialization", "_get_layout"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+}
 _SHARD_FILE = re.compile(r"__\d+_\d+\.distcp")
 
 

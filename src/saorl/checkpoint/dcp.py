@@ -34,8 +34,10 @@ COUNTERS = ("step", "version", "policy_sched", "skipped_steps", "baseline")
 
 
 def _modules(learner: Any) -> dict[str, tuple[Any, Any]]:
-    return {"policy": (learner.policy, learner.policy_opt),
-            "critic": (learner.critic, learner.critic_opt)}  # fmt: skip
+    return {
+        "policy": (learner.policy, learner.policy_opt),
+        "critic": (learner.critic, learner.critic_opt),
+    }
 
 
 def _tensor_state(learner: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -95,10 +97,13 @@ def load_sharded(learner: Any, state: dict[str, Any]) -> None:
 
 def counters(learner: Any) -> dict[str, Any]:
     """The counters of `learner` for a checkpoint file (what `set_counters` reads)."""
-    return {"step": learner.steps, "version": learner.version,
-            "policy_sched": learner.policy_sched.state_dict(),
-            "skipped_steps": learner.skipped_steps,
-            "baseline": learner.baseline.state_dict()}  # fmt: skip
+    return {
+        "step": learner.steps,
+        "version": learner.version,
+        "policy_sched": learner.policy_sched.state_dict(),
+        "skipped_steps": learner.skipped_steps,
+        "baseline": learner.baseline.state_dict(),
+    }
 
 
 def set_counters(learner: Any, state: dict[str, Any]) -> None:

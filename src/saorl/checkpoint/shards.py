@@ -112,5 +112,7 @@ def read_whole(folder: str, key: str, param_groups: list[dict[str, Any]] | None)
     for group in param_groups:
         ids = [index.setdefault(fqn, len(index)) for fqn in group["params"]]
         groups.append({**group, "params": ids})
-    return {"state": {index[fqn]: v for fqn, v in data.items() if fqn in index},
-            "param_groups": groups}  # fmt: skip
+    return {
+        "state": {index[fqn]: v for fqn, v in data.items() if fqn in index},
+        "param_groups": groups,
+    }
