@@ -44,9 +44,12 @@ from saorl.models.packing import PackedRows, pack_rows
 
 
 def _chunk_logprobs(
-    hidden: torch.Tensor, targets: torch.Tensor, head: nn.Module, temperature: float,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    head: nn.Module,
+    temperature: float,
     with_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+) -> tuple[torch.Tensor, torch.Tensor]:
     # In place: one fewer (chunk, V) float32 tensor; the head's backward does not need its output.
     logits = head(hidden).float().div_(temperature)
     logp = torch.log_softmax(logits, dim=-1)
@@ -72,9 +75,14 @@ class _FusedChunkLogprobs(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-        targets: torch.Tensor, temperature: float, with_entropy: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        with_entropy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         z = F.linear(hidden, weight, bias).float().div_(temperature)
         lse = torch.logsumexp(z, dim=-1)
         chosen = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
@@ -161,9 +169,12 @@ def ready_mask(
 
 
 def backbone_hidden(
-    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-    position_ids: torch.Tensor | None = None, nothing_masked: bool = False,
-) -> torch.Tensor:  # fmt: skip
+    backbone: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    position_ids: torch.Tensor | None = None,
+    nothing_masked: bool = False,
+) -> torch.Tensor:
     """Last hidden states of padded rows (`attention_mask`) or a packed row (`position_ids`).
 
     sdpa/eager get a ready mask (`ready_mask`): no host read. `nothing_masked`: the caller
@@ -189,9 +200,12 @@ def backbone_hidden(
 
 
 def pack_or_pad(
-    backbone: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool,
+    backbone: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: bool,
     lengths: Sequence[int] | None,
-) -> tuple[torch.Tensor, PackedRows | None]:  # fmt: skip
+) -> tuple[torch.Tensor, PackedRows | None]:
     """`(hidden, packing)` of the rows: packed into one row, or padded as they are."""
     if packed:
         pk = pack_rows(input_ids, attention_mask, lengths)
@@ -274,11 +288,22 @@ class PolicyLogprobs(nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, temperature: float = 1.0,
-        chunk_size: int = 256, return_entropy: bool = False, packed: bool = False,
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        temperature: float = 1.0,
+        chunk_size: int = 256,
+        return_entropy: bool = False,
+        packed: bool = False,
         lengths: Sequence[int] | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return sequence_logprobs(
-            self.model, input_ids, attention_mask, temperature=temperature,
-            chunk_size=chunk_size, return_entropy=return_entropy, packed=packed, lengths=lengths,
-        )  # fmt: skip
+            self.model,
+            input_ids,
+            attention_mask,
+            temperature=temperature,
+            chunk_size=chunk_size,
+            return_entropy=return_entropy,
+            packed=packed,
+            lengths=lengths,
+        )

@@ -45,10 +45,16 @@ if TYPE_CHECKING:
 
 # Router classes of transformers whose forward is softmax -> top-k (-> renormalise), returning
 # (router_logits, top-k weights, top-k indices).
-SUPPORTED_ROUTERS = frozenset({
-    "Qwen3MoeTopKRouter", "Qwen2MoeTopKRouter", "Qwen3NextTopKRouter", "Qwen3_5MoeTopKRouter",
-    "OlmoeTopKRouter", "MixtralTopKRouter",
-})  # fmt: skip
+SUPPORTED_ROUTERS = frozenset(
+    {
+        "Qwen3MoeTopKRouter",
+        "Qwen2MoeTopKRouter",
+        "Qwen3NextTopKRouter",
+        "Qwen3_5MoeTopKRouter",
+        "OlmoeTopKRouter",
+        "MixtralTopKRouter",
+    }
+)
 UNKNOWN = -1  # a position without a recorded routing: the learner routes it itself
 
 
@@ -92,8 +98,10 @@ class RoutingRecorder:
         device; that forward's input was `(rows, cols)` tokens."""
         got, self._captured = self._captured, []
         if len(got) != len(self.routers):
-            raise RuntimeError(f"routing recorder: {len(got)} router calls in one forward, "
-                               f"expected {len(self.routers)}")  # fmt: skip
+            raise RuntimeError(
+                f"routing recorder: {len(got)} router calls in one forward, "
+                f"expected {len(self.routers)}"
+            )
         idx = torch.stack(got, dim=1).to(self.dtype)
         return idx.view(rows, cols, *idx.shape[1:])
 
@@ -135,8 +143,9 @@ class RoutingReplay:
             return
         flat = routing[attention_mask.bool()] if self.packed else routing.flatten(0, 1)
         self._forced = flat.long()
-        handles = [r.register_forward_hook(partial(self._hook, i))
-                   for i, r in enumerate(self.routers)]  # fmt: skip
+        handles = [
+            r.register_forward_hook(partial(self._hook, i)) for i, r in enumerate(self.routers)
+        ]
         try:
             yield
         finally:

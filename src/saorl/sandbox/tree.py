@@ -75,8 +75,9 @@ def _open_dir(name: str, dir_fd: int | None, st: os.stat_result | None, writable
         return os.open(name, flags, dir_fd=dir_fd)
 
 
-def _traverse(root: Path, skip_dirs: Collection[str], max_rel: int, remove: bool,
-              errors: list[OSError]) -> Iterator[Entry]:  # fmt: skip
+def _traverse(
+    root: Path, skip_dirs: Collection[str], max_rel: int, remove: bool, errors: list[OSError]
+) -> Iterator[Entry]:
     """Pre-order walk below `root` (sorted by name), or with `remove` a post-order removal.
 
     In a walk, a directory that cannot be opened is not entered; in a removal each failure is
