@@ -72,9 +72,12 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False,
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        packed: bool = False,
         lengths: Sequence[int] | None = None,
-    ) -> torch.Tensor:  # fmt: skip
+    ) -> torch.Tensor:
         """`(B, T)` values; `lengths` as in `sequence_logprobs` (the rows' lengths, on the host)."""
         hidden, pk = pack_or_pad(self.backbone, input_ids, attention_mask, packed, lengths)
         v = self.value_head(hidden).squeeze(-1).float()  # value of the state after each token

@@ -27,8 +27,14 @@ class BatchCollector:
     Every dropped rollout frees its admission slot so a replacement can start.
     """
 
-    def __init__(self, workers: list[RolloutWorker], feed: PromptFeed,
-                 out: queue.Queue[Trajectory], group_size: int, sync: bool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        workers: list[RolloutWorker],
+        feed: PromptFeed,
+        out: queue.Queue[Trajectory],
+        group_size: int,
+        sync: bool,
+    ) -> None:
         self.workers, self.feed, self.out = workers, feed, out
         self.group_size, self.sync = group_size, sync
         self.partial: dict[int, list[Trajectory]] = {}
@@ -67,8 +73,11 @@ class BatchCollector:
                 f"{self.max_restarts}): {type(dead.error).__name__}: {dead.error}"
             ) from dead.error
         self.restarts += 1
-        print(f"saorl: {dead.name} failed ({type(dead.error).__name__}: {dead.error}); "
-              f"restarting it ({self.restarts}/{self.max_restarts})", file=sys.stderr)  # fmt: skip
+        print(
+            f"saorl: {dead.name} failed ({type(dead.error).__name__}: {dead.error}); "
+            f"restarting it ({self.restarts}/{self.max_restarts})",
+            file=sys.stderr,
+        )
         dead.stop_thread()
         self.feed.reissue(dead.in_flight())
         self.workers[i] = self.respawn(i)

@@ -25,8 +25,9 @@ class _BufferLayer(DynamicLayer):
         self.keys, self.values = kbuf[:n, :, lo:end], vbuf[:n, :, lo:end]
         self.is_initialized, self.device = True, kbuf.device
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
-               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         end = self._end + key_states.shape[-2]
         self._kbuf[: self._n, :, self._end : end] = key_states
         self._vbuf[: self._n, :, self._end : end] = value_states

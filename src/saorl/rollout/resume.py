@@ -89,8 +89,11 @@ def restore_rollouts(
             left, current, group = state["feed_group"]
             feed_state["feed_group"] = (int(left), refs.decode(current), int(group))
     except _StaleTaskError as e:  # the training list changed since the checkpoint
-        print(f"saorl: resuming without the checkpoint's pending rollouts ({e}); fresh prompts "
-              "are drawn instead", file=sys.stderr)  # fmt: skip
+        print(
+            f"saorl: resuming without the checkpoint's pending rollouts ({e}); fresh prompts "
+            "are drawn instead",
+            file=sys.stderr,
+        )
         finished, in_flight = [], []
         feed_state = {k: v for k, v in state.items() if k != "feed_group"}
     except (TypeError, ValueError, KeyError) as e:

@@ -80,12 +80,14 @@ class VLLMRoutingRecorder:
         if layer == 0:
             batch = self._runner.input_batch
             n = batch.num_reqs
-            self._steps.append((
-                list(batch.req_ids[:n]),
-                batch.num_computed_tokens_cpu[:n].tolist(),
-                self._runner.query_start_loc.np[: n + 1].tolist(),
-                [],
-            ))  # fmt: skip
+            self._steps.append(
+                (
+                    list(batch.req_ids[:n]),
+                    batch.num_computed_tokens_cpu[:n].tolist(),
+                    self._runner.query_start_loc.np[: n + 1].tolist(),
+                    [],
+                )
+            )
         self._steps[-1][3].append(topk_ids.clone())
 
     def take(self) -> dict[str, list[Chunk]]:
@@ -95,8 +97,10 @@ class VLLMRoutingRecorder:
         out: dict[str, list[Chunk]] = {}
         for req_ids, starts, offsets, layers in steps:
             if len(layers) != len(self.routers):
-                raise RuntimeError(f"vLLM routing recorder: {len(layers)} router calls in one "
-                                   f"forward, expected {len(self.routers)}")  # fmt: skip
+                raise RuntimeError(
+                    f"vLLM routing recorder: {len(layers)} router calls in one "
+                    f"forward, expected {len(self.routers)}"
+                )
             # Rows past the last request's are padding (CUDA-graph batch sizes).
             idx = torch.stack([t[: offsets[-1]] for t in layers], dim=1).to(self.dtype).cpu()
             for j, rid in enumerate(req_ids):

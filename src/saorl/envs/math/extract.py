@@ -75,8 +75,11 @@ def _enclosing_env(text: str, start: int, end: int) -> tuple[int, int] | None:
     line_start = text.rfind("\n", 0, start) + 1
     line_end = text.find("\n", end)
     line_end = len(text) if line_end < 0 else line_end
-    for opener, closer, one_line in (("$$", "$$", False), ("\\[", "\\]", False),
-                                     ("\\(", "\\)", True)):  # fmt: skip
+    for opener, closer, one_line in (
+        ("$$", "$$", False),
+        ("\\[", "\\]", False),
+        ("\\(", "\\)", True),
+    ):
         i = text.rfind(opener, line_start if one_line else 0, start)
         if i < 0 or (i > 0 and text[i - 1] == "\\") or closer in text[i + 2 : start]:
             continue

@@ -176,11 +176,19 @@ class Worker:
         env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "saorl.envs.math.worker", str(to_worker_r),
-                 str(from_worker_w)],
-                pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, env=env, close_fds=True,
-            )  # fmt: skip
+                [
+                    sys.executable,
+                    "-m",
+                    "saorl.envs.math.worker",
+                    str(to_worker_r),
+                    str(from_worker_w),
+                ],
+                pass_fds=(to_worker_r, from_worker_w),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                env=env,
+                close_fds=True,
+            )
         except OSError as exc:
             for fd in (to_worker_r, to_worker_w, from_worker_r, from_worker_w):
                 os.close(fd)
