@@ -45,6 +45,9 @@ class AgentRuns:
             tool_format=getattr(env, "tool_format", "hermes"),
             call_timeout_s=limits.env_timeout_s,
         )
+        bind = getattr(env, "bind_tokenizer", None)
+        if bind is not None:  # a program that renders its prompts itself (verifiers)
+            bind(worker.tokenizer)
         self.pending: list[tuple[AgentSession, concurrent.futures.Future, float]] = []
         self.failures: Counter[str] = Counter()
 
