@@ -29,8 +29,20 @@ TINY = [
 ]
 
 
+def _runners() -> list[int]:
+    """This process's child processes that are verifiers runners."""
+    kids = [
+        int(pid)
+        for task in Path("/proc/self/task").iterdir()
+        for pid in (task / "children").read_text().split()
+    ]
+    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids}
+    return [pid for pid, cmd in cmdlines.items() if b"verifiers_runner" in cmd]
+
+
 def _train(tmp_path: Path, config: Path, *more: str) -> tuple[list[dict], list[dict], dict]:
     assert main(["train", "--config", str(config), f"run.output_dir={tmp_path}", *TINY, *more]) == 0
+    assert _runners() == []  # each worker's runner process ended with it
     run = next(p for p in tmp_path.iterdir() if p.is_dir())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "loss/policy" in r or "critic/loss" in r]
@@ -63,7 +75,9 @@ def test_a_tool_taskset_trains_two_steps(tmp_path, monkeypatch):
         "step_timeout_s = 120\n[learner]\nsft_steps = 0\n[rollout]\nmax_new_tokens = 8\n"
         "[run]\nname = 'tools'\n"
     )
-    trained, samples, _ = _train(tmp_path / "runs", config)
+    # each of its episodes starts the tool's MCP server (a Python process importing verifiers)
+    small = ["learner.batch_size=2", "learner.micro_batch_size=2", "env.eval_size=1"]
+    trained, samples, _ = _train(tmp_path / "runs", config, *small)
     assert len(trained) == 2
     for r in trained:
         assert r["rollout/failed"] == 0

@@ -118,8 +118,11 @@ class Runner:
     async def _read(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stdout is not None
         async for line in proc.stdout:
-            message = json.loads(line)
-            future = self.pending.pop(message["id"], None)
+            try:
+                message = json.loads(line)
+            except ValueError:  # not a reply; the runner sends nothing else here
+                continue
+            future = self.pending.pop(message.get("id"), None)
             if future is not None and not future.done():
                 future.set_result(message)
         code = await proc.wait()
@@ -132,6 +135,19 @@ class Runner:
             if not future.done():
                 future.set_exception(failed)
         self.pending.clear()
+
+    async def close(self) -> None:
+        """End the process: its stdin closes, it cancels its episodes and exits."""
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        assert proc.stdin is not None
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 20)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
     async def episode(self, index: int, base_url: str) -> dict[str, Any]:
         proc = await self._process()
@@ -178,6 +194,12 @@ class VerifiersProgram(AgentProgram):
             env = {**os.environ, "SAORL_VERIFIERS": json.dumps(settings)}
             RUNNERS[loop] = Runner([self.python, "-m", RUNNER, "serve"], env)
         return RUNNERS[loop]
+
+    async def aclose(self) -> None:
+        """The worker stops: end its runner process."""
+        runner = RUNNERS.pop(asyncio.get_running_loop(), None)
+        if runner is not None:
+            await runner.close()
 
     async def run(
         self,

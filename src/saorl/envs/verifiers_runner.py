@@ -183,10 +183,14 @@ async def serve(settings: dict[str, Any]) -> None:
     reader = asyncio.StreamReader(limit=1 << 24)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     running: dict[int, asyncio.Task] = {}
+    # stdout is the replies' channel: whatever else writes to it (a library, a child process
+    # inheriting it) goes to stderr instead
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
 
     def reply(message: dict[str, Any]) -> None:
-        sys.stdout.write(json.dumps(message) + "\n")
-        sys.stdout.flush()
+        channel.write(json.dumps(message) + "\n")
+        channel.flush()
 
     async def one(n: int, request: dict[str, Any]) -> None:
         try:
