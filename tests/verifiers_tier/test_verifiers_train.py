@@ -8,10 +8,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from saorl.cli import main
 from tests.verifiers_tier._marks import VERIFIERS_TIER
 
-pytestmark = VERIFIERS_TIER
+# a run's episodes each start processes that import verifiers: minutes on 2 shared cores
+pytestmark = [*VERIFIERS_TIER, pytest.mark.timeout(1500)]
 ROOT = Path(__file__).resolve().parents[2]
 TINY = [
     "model.hidden_size=32",
