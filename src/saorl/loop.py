@@ -383,11 +383,11 @@ def _rollout_metrics(
         calls = [t.info.get("tool_calls", 0) for t in got.trajectories]
         out["rollout/tool_calls_mean"] = sum(calls) / len(calls)
     # `env.reward_fns`: each function's mean over the trajectories it scored (not None);
-    # agent programs' `agent/*` counts and metrics alike
+    # agent programs' `agent/*` counts and metrics alike, verifiers' `env/*` metrics
     scored: dict[str, list[float]] = {}
     for t in got.trajectories:
         for key, value in t.info.items():
-            if key.startswith(("reward/", "agent/")) and isinstance(value, int | float):
+            if key.startswith(("reward/", "agent/", "env/")) and isinstance(value, int | float):
                 scored.setdefault(key, []).append(value)
     out.update({key: sum(vs) / len(vs) for key, vs in scored.items()})
     return out

@@ -41,17 +41,19 @@ def run_agents(
     max_new_tokens: int = 200,
     timeout_s: float = 60.0,
     tool_format: str = "hermes",
+    make_env: Any = None,
 ) -> tuple[list[Any], RolloutWorker]:
-    """Every trajectory the worker emits for `tasks` (one episode each), and the worker."""
+    """Every trajectory the worker emits for `tasks` (one episode each), and the worker.
+    `make_env`: the programs' factory (an EnvSpec's), instead of an AgentProgram of `fn` or
+    `command`."""
     cfg = EnvConfig(agent_command=command, tool_format=tool_format, step_timeout_s=timeout_s)
     feed = FixedFeed(list(tasks))
     out: queue.Queue = queue.Queue()
     limits = AgentLimits(
         max_seq_len=max_seq_len, max_new_tokens=max_new_tokens, env_timeout_s=timeout_s
     )
-    worker = RolloutWorker(
-        engine, feed, tok, out, lambda: AgentProgram(cfg, fn, grader, scorer), limits
-    )
+    make_env = make_env or (lambda: AgentProgram(cfg, fn, grader, scorer))
+    worker = RolloutWorker(engine, feed, tok, out, make_env, limits)
     worker.start()
     deadline = time.monotonic() + timeout_s + 30
     while (feed.items or worker.active) and time.monotonic() < deadline:

@@ -25,7 +25,8 @@ class EnvConfig(_Section):
         "'swe' = fix a repository until its tests pass (shell and edit tools, SWE-bench-style "
         "grading); 'agent' = your agent program over the OpenAI API (env.agent or "
         "env.agent_command, docs/agents.md); 'openenv' = an OpenEnv environment server "
-        "(env.openenv_app or env.openenv_url, docs/openenv.md); or your own: "
+        "(env.openenv_app or env.openenv_url, docs/openenv.md); 'verifiers' = a verifiers 0.4 "
+        "taskset (env.verifiers_env, docs/verifiers.md); or your own: "
         "'package.module:attr' or "
         "'path/to/file.py:attr' (stored absolute), attr a factory returning an EnvSpec or an "
         "Env class with a `tasks(**args)` classmethod returning (train, held_out) lists",
@@ -36,7 +37,9 @@ class EnvConfig(_Section):
         "tasks()), a TOML table, e.g. {max_guesses = 4}; env 'reasoning_gym': a table per "
         "dataset of env.rg_datasets, its sampling `weight` (default 1) and the dataset's own "
         "config fields, e.g. {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}; env "
-        "'openenv': arguments of each episode's reset besides the seed",
+        "'openenv': arguments of each episode's reset besides the seed; env 'verifiers': "
+        "verifiers' own [env] config, e.g. {taskset = {size = 50}, agent = {harness = "
+        "{id = 'null'}}}",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
     eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
@@ -262,6 +265,17 @@ class EnvConfig(_Section):
         "the action model's name (GuessAction -> 'guess')",
     )
 
+    verifiers_env: str = Field(
+        "",
+        description="env 'verifiers': the taskset as verifiers' load_environment resolves it "
+        "(an installed taskset package or module id) or 'path/to/taskset.py'; docs/verifiers.md",
+    )
+    verifiers_python: str = Field(
+        "",
+        description="env 'verifiers': the Python that has verifiers installed (its own venv: "
+        "it pins openai<3), which runs each episode; '' = this one",
+    )
+
     @field_validator("name")
     @classmethod
     def _check_env_name(cls, value: str) -> str:
@@ -286,6 +300,12 @@ class EnvConfig(_Section):
         if value and ("/" in value or "." in value) and os.path.exists(value):
             return os.path.abspath(value)
         return value
+
+    @field_validator("verifiers_env")
+    @classmethod
+    def _absolute_taskset(cls, value: str) -> str:
+        # a taskset file, stored absolute (as dataset paths are); an id stays as it is
+        return os.path.abspath(value) if value.endswith(".py") and os.path.isfile(value) else value
 
     @field_validator("openenv_app")
     @classmethod
@@ -346,7 +366,7 @@ class EnvConfig(_Section):
             _check_rg(self.rg_datasets, self.args)
         elif self.rg_datasets:
             raise ValueError(f"env.rg_datasets is for env.name = {' or '.join(map(repr, RG_ENVS))}")
-        if self.args and tasks in BUILTIN_ENVS and tasks not in (*RG_ENVS, "openenv"):
+        if self.args and tasks in BUILTIN_ENVS and tasks not in (*RG_ENVS, "openenv", "verifiers"):
             raise ValueError(
                 f"env.args is for your own env.name ('module:attr' or 'file.py:attr'); "
                 f"the built-in {self.name!r} takes its settings from the other env fields"
@@ -367,6 +387,11 @@ class EnvConfig(_Section):
                 "env.reward_fns: env 'openenv' is rewarded by its server (the sum of its step "
                 "rewards); compute other rewards in the environment"
             )
+        if self.name == "verifiers" and not self.verifiers_env:
+            raise ValueError(
+                "env.name = 'verifiers' needs env.verifiers_env: a taskset id or module "
+                "('my-taskset') or 'path/to/taskset.py'"
+            )
         if self.agent_tasks == "agent":
             raise ValueError("env.agent_tasks names the task source, not 'agent'")
         if self.reward_weights and len(self.reward_weights) != len(self.reward_fns):
@@ -385,6 +410,7 @@ BUILTIN_ENVS = (
     "swe",
     "agent",
     "openenv",
+    "verifiers",
 )
 # The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
 RG_ENVS = ("reasoning_gym",)

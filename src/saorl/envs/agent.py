@@ -53,6 +53,7 @@ class AgentProgram:
 
     drives_model = True  # the rollout worker runs `run` and serves its calls
     offload = True
+    metric_prefix = "agent/"  # of the metrics a program returns beside its reward
 
     def __init__(
         self,
@@ -80,7 +81,7 @@ class AgentProgram:
             result = await self._call(task_dict(task), base_url, api_key)
         else:
             result = await self._spawn(task_dict(task), base_url, api_key, worker)
-        reward, metrics = _read_result(result)
+        reward, metrics = _read_result(result, self.metric_prefix)
         if reward is None:
             reward, metrics = await self._score(task, conversation(), metrics)
         return reward, metrics
@@ -105,6 +106,7 @@ class AgentProgram:
             "OPENAI_API_KEY": api_key,
             "OPENAI_MODEL": MODEL_NAME,
             "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
+            **self.extra_env(),
         }
         proc = await asyncio.create_subprocess_shell(
             self.command,
@@ -132,6 +134,10 @@ class AgentProgram:
             raise AgentFailure(
                 "no_reward", f"last stdout line is not JSON: {lines[-1][:200]!r}"
             ) from None
+
+    def extra_env(self) -> dict[str, str]:
+        """More environment variables of a command's process."""
+        return {}
 
     async def _score(
         self, task: Any, messages: list[dict], metrics: dict[str, Any]
@@ -166,12 +172,12 @@ def _http_client() -> Any:
     return _HTTP[loop]
 
 
-def _read_result(result: Any) -> tuple[float | None, dict[str, Any]]:
+def _read_result(result: Any, prefix: str = "agent/") -> tuple[float | None, dict[str, Any]]:
     """`(reward or None, metrics)` from what a program returned."""
     metrics: dict[str, Any] = {}
     if isinstance(result, dict):
         metrics = {
-            f"agent/{k}": float(v) for k, v in result.items() if k != "reward" and _finite(v)
+            f"{prefix}{k}": float(v) for k, v in result.items() if k != "reward" and _finite(v)
         }
         result = result.get("reward")
     if result is None:

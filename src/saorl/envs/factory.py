@@ -149,6 +149,10 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
         from saorl.envs.openenv import build_openenv_spec
 
         return build_openenv_spec(cfg, held_out_only)
+    elif cfg.name == "verifiers":
+        from saorl.envs.verifiers_env import build_verifiers_spec
+
+        return build_verifiers_spec(cfg, held_out_only)
     elif cfg.name == "reasoning_gym":
         from saorl.envs.reasoning_gym import build_rg_spec
 

@@ -116,8 +116,17 @@ class AgentSession:
                 head = last.prompt_ids + last.sampled_ids
                 return head + self._observation(last, messages[n + 1 :], messages, tools), True
             ids = self._encode(self._render(messages, tools))
-            current = self.segments[-1].ids if self.segments else None
-            return ids, current is not None and ids[: len(current)] == current
+            return ids, self._extends(ids)
+
+    def extends(self, ids: list[int]) -> bool:
+        """Whether `ids` start with the current segment's tokens (its prompt, what was
+        sampled and the observations since): a call with them continues the segment."""
+        with self.lock:
+            return self._extends(ids)
+
+    def _extends(self, ids: list[int]) -> bool:
+        current = self.segments[-1].ids if self.segments else None
+        return current is not None and ids[: len(current)] == current
 
     def _observation(
         self, last: LastCall, new: list[dict], messages: list[dict], tools: list[dict] | None

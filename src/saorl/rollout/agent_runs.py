@@ -11,6 +11,7 @@ queue as trajectories. A program that raises, exits non-zero, gives no reward or
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import sys
 import time
 from collections import Counter
@@ -45,6 +46,10 @@ class AgentRuns:
             tool_format=getattr(env, "tool_format", "hermes"),
             call_timeout_s=limits.env_timeout_s,
         )
+        self.env = env
+        bind = getattr(env, "bind_tokenizer", None)
+        if bind is not None:  # a program that renders its prompts itself (verifiers)
+            bind(worker.tokenizer)
         self.pending: list[tuple[AgentSession, concurrent.futures.Future, float]] = []
         self.failures: Counter[str] = Counter()
 
@@ -106,4 +111,8 @@ class AgentRuns:
     def close(self) -> None:
         for _, future, _ in self.pending:
             future.cancel()
+        aclose = getattr(self.env, "aclose", None)
+        if aclose is not None:  # what the program keeps per worker (verifiers' runner process)
+            with contextlib.suppress(Exception):
+                self.worker._env_call(self.env, aclose()).result(timeout=30)
         self.endpoint.shutdown()

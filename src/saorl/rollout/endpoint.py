@@ -4,8 +4,11 @@ own engine, so agent programs' calls are batched with everything else the engine
     GET  /v1/models                      the served model names and the context length
     POST /v1/chat/completions            one model turn of an episode (`endpoint_api` lists
                                          the honoured fields)
+    POST /inference/v1/generate          one model turn as token ids in, token ids and their
+                                         log-probs out (vLLM's token route; verifiers'
+                                         training client renders its prompts and calls it)
 
-Every route also lives under `/episodes/<key>/v1/...`. A call names its episode by that path
+Every route also lives under `/episodes/<key>/...`. A call names its episode by that path
 prefix, an `X-Episode-Id` or `X-Session-ID` header, or its API key (`Authorization: Bearer
 <key>`), in that order; an unknown one is answered 404 (path, header) or 401 (key).
 
@@ -14,7 +17,8 @@ keep-alive, streamed replies in chunked transfer encoding). A handler thread tur
 into prompt ids (`AgentSession.prompt_ids`), hands the request to the worker thread
 (`submit`, thread-safe) and blocks on the future the worker resolves when the engine finishes the
 turn; it records the turn (`AgentSession.record`) before replying, so an agent that has its
-answer has it recorded.
+answer has it recorded. A token call is recorded as it came: its prompt ids as sent (extending
+the episode's trajectory when they start with its tokens), the sampled ids as sampled.
 """
 
 from __future__ import annotations
@@ -34,8 +38,11 @@ from saorl.rollout.agent_record import AgentSession
 from saorl.rollout.endpoint_api import (
     ApiError,
     ChatRequest,
+    GenerateRequest,
     Reply,
     check_chat,
+    check_generate,
+    generate_body,
     parse_json,
     parse_tool_calls,
     served_models,
@@ -45,7 +52,10 @@ from saorl.rollout.engine import Completion
 
 # (prompt ids, max new tokens or None, stop strings) -> the engine's completion, later
 Submit = Callable[[list[int], int | None, list[str]], concurrent.futures.Future]
-_ROUTE = re.compile(r"^(?:/episodes/(?P<key>[^/]+))?/v1/(?P<what>models|chat/completions)/?$")
+_ROUTE = re.compile(
+    r"^(?:/episodes/(?P<key>[^/]+))?/"
+    r"(?P<what>v1/models|v1/chat/completions|inference/v1/generate)/?$"
+)
 
 
 class TrainingEndpoint:
@@ -125,16 +135,15 @@ class TrainingEndpoint:
             code="invalid_api_key",
         )
 
-    def chat(self, req: ChatRequest, session: AgentSession) -> Reply:
-        """Run one call of `session` through the engine and record it."""
-        prompt, extends = session.prompt_ids(req.messages, req.tools)
+    def _complete(self, prompt: list[int], max_tokens: int | None, stop: list[str]) -> Completion:
+        """The engine's completion of `prompt`, waited for."""
         if len(prompt) >= self.context_len:
             raise ApiError(
                 400,
                 f"the prompt is {len(prompt)} tokens; the context holds {self.context_len}",
                 code="context_length_exceeded",
             )
-        future = self.submit(prompt, req.max_tokens, req.stop)
+        future = self.submit(prompt, max_tokens, stop)
         try:
             c: Completion = future.result(timeout=self.call_timeout_s)
         except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
@@ -145,6 +154,33 @@ class TrainingEndpoint:
             raise ApiError(
                 503, "the engine aborted the call (the run is stopping)", kind="server_error"
             )
+        return c
+
+    def generate(self, req: GenerateRequest, session: AgentSession) -> dict[str, Any]:
+        """Run one token call of `session` through the engine and record it token-exact."""
+        # The engine stops at the model's EOS itself; other stop ids (a chat template's
+        # end-of-turn token) are matched as their text, which the engine checks as it samples.
+        eos = self.tokenizer.eos_token_id
+        texts = [self.tokenizer.decode([t]) for t in req.stop_token_ids if t != eos]
+        c = self._complete(req.token_ids, req.max_tokens, [*req.stop, *filter(None, texts)])
+        text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+        session.record(
+            [],
+            None,
+            req.token_ids,
+            session.extends(req.token_ids),
+            c.token_ids,
+            c.logprobs,
+            c.versions,
+            c.finish_reason,
+            {"role": "assistant", "content": text},
+        )
+        return generate_body(c.token_ids, c.logprobs, c.finish_reason, len(req.token_ids))
+
+    def chat(self, req: ChatRequest, session: AgentSession) -> Reply:
+        """Run one call of `session` through the engine and record it."""
+        prompt, extends = session.prompt_ids(req.messages, req.tools)
+        c = self._complete(prompt, req.max_tokens, req.stop)
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         for s in req.stop:  # the API leaves out the stop string that ended the turn
             if c.finish_reason == "stop" and text.endswith(s):
@@ -226,8 +262,8 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             try:
                 key, what = self._route()
-                if what != "models":
-                    raise ApiError(405, "use POST for chat completions")
+                if what != "v1/models":
+                    raise ApiError(405, f"use POST for /{what}")
                 if key is not None:
                     endpoint.session_for(key, self.headers)
                 self._json(200, served_models(endpoint.models, endpoint.context_len))
@@ -238,9 +274,13 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
             try:
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 key, what = self._route()
-                if what != "chat/completions":
+                if what == "v1/models":
                     raise ApiError(405, "use GET for the model list")
                 session = endpoint.session_for(key, self.headers)
+                if what == "inference/v1/generate":
+                    vocab = len(endpoint.tokenizer)
+                    token_req = check_generate(parse_json(raw), endpoint.models, vocab)
+                    return self._json(200, endpoint.generate(token_req, session))
                 req = check_chat(parse_json(raw), endpoint.models)
                 reply = endpoint.chat(req, session)
             except ApiError as e:

@@ -1,6 +1,7 @@
-"""The OpenAI chat-completions wire format of the training endpoint (`saorl.rollout.endpoint`):
-checking a request, parsing the model's tool calls back into `tool_calls`, and the response
-bodies, whole or as server-sent-event chunks.
+"""The wire formats of the training endpoint (`saorl.rollout.endpoint`): OpenAI chat
+completions (checking a request, parsing the model's tool calls back into `tool_calls`, the
+response bodies, whole or as server-sent-event chunks) and vLLM's token-in, token-out
+`/inference/v1/generate` (`check_generate`, `generate_body`).
 
 Honoured request fields: `model` (must be a served name), `messages`, `tools`, `stream`,
 `stream_options.include_usage`, `max_tokens` / `max_completion_tokens` (capped by
@@ -248,3 +249,88 @@ def served_models(names: tuple[str, ...], context_len: int) -> dict[str, Any]:
         for n in names
     ]
     return {"object": "list", "data": data}
+
+
+@dataclass
+class GenerateRequest:
+    """The honoured fields of one `POST /inference/v1/generate`: vLLM's token route, as
+    clients that render prompts themselves (verifiers' training client) call it. Of
+    `sampling_params`, `max_tokens`, `stop` and `stop_token_ids` are honoured; `n` must be 1;
+    log-probs of the sampled tokens always come back; the sampling fields are the training
+    policy's, as for chat."""
+
+    model: str
+    token_ids: list[int]
+    max_tokens: int | None
+    stop: list[str]
+    stop_token_ids: list[int]
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def check_generate(body: Any, served: tuple[str, ...], vocab_size: int) -> GenerateRequest:
+    """The token request in `body`, or an ApiError naming what is wrong with it."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if model not in served:
+        raise ApiError(
+            404,
+            f"model {model!r} is not served here; use one of {list(served)}",
+            code="model_not_found",
+        )
+    ids = body.get("token_ids")
+    if not _int_list(ids) or not ids:
+        raise ApiError(400, "token_ids must be a non-empty list of integers")
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ApiError(
+            400, f"token_ids: {bad[:5]} are outside the vocabulary (0..{vocab_size - 1})"
+        )
+    if body.get("content_parts") or body.get("features"):
+        raise ApiError(400, "multimodal inputs (content_parts, features) are not served here")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise ApiError(400, "sampling_params must be an object")
+    if params.get("n", 1) not in (1, None):
+        raise ApiError(400, f"sampling_params.n = {params['n']!r}: one sample per request")
+    limit = params.get("max_tokens")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ApiError(400, f"max_tokens must be a positive integer, got {limit!r}")
+    stop = params.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
+        raise ApiError(400, "stop must be a string or a list of non-empty strings")
+    stop_ids = params.get("stop_token_ids") or []
+    if not _int_list(stop_ids):
+        raise ApiError(400, "stop_token_ids must be a list of integers")
+    return GenerateRequest(model, list(ids), limit, stop, list(stop_ids))
+
+
+def generate_body(
+    ids: list[int], logprobs: list[float], finish_reason: str, prompt_len: int
+) -> dict[str, Any]:
+    """The reply to `/inference/v1/generate`: the sampled ids, each one's log-prob keyed by
+    `token_id:<id>` (vLLM's form for token requests), `stop` or `length`."""
+    content = [
+        {"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(ids, logprobs, strict=True)
+    ]
+    choice = {
+        "index": 0,
+        "token_ids": list(ids),
+        "logprobs": {"content": content},
+        "finish_reason": "length" if finish_reason == "length" else "stop",
+    }
+    return {
+        "request_id": f"gen-{uuid.uuid4().hex[:24]}",
+        "choices": [choice],
+        "usage": {
+            "prompt_tokens": prompt_len,
+            "completion_tokens": len(ids),
+            "total_tokens": prompt_len + len(ids),
+        },
+    }
