@@ -59,3 +59,24 @@ def test_readme_own_dataset_commands_run_as_written(tmp_path: Path) -> None:
         assert summary["steps"] == 2 and summary["errors"] == {}
         assert summary["policy_updates"] == 1 and summary["critic_only_steps"] == 1
         assert "<unk>" not in run.stderr  # no newline read as <unk> by the built-in model
+
+
+def test_readme_own_environment_command_runs_as_written(tmp_path: Path) -> None:
+    (block,) = [b for b in _blocks(_section(), "bash") if "custom_env.py" in b]
+    (command,) = [shlex.split(c) for c in block.replace("\\\n", " ").splitlines() if c.strip()]
+    assert command[:2] == ["saorl", "train"]
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples/custom_env.py", tmp_path / "examples/custom_env.py")
+    # Its supervised warm-up shortened too: what runs is the command's env, model and settings.
+    fast = [*FAST, "learner.sft_steps=10", "run.output_dir=runs"]
+    run = subprocess.run(
+        [sys.executable, "-m", "saorl", *command[1:], *fast],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert run.returncode == 0, (command, run.stderr[-4000:])
+    (summary_path,) = (tmp_path / "runs").glob("*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    assert summary["steps"] == 2 and summary["errors"] == {} and summary["policy_updates"] == 1

@@ -253,3 +253,28 @@ def test_run_figure_shades_critic_only_steps_marks_collapse_and_skips_tool_calls
     rows = _synthetic_rows()
     rows[0]["rollout/tool_calls_mean"] = 1.0
     assert "tool calls per episode" in [ax.get_title() for ax in run_figure(rows).axes]
+
+
+def test_compare_plots_shade_each_arm_s_critic_only_steps(tmp_path: Path, monkeypatch) -> None:
+    import saorl.experiments.report as report
+
+    drawn: list[tuple[Any, list[Any]]] = []
+    save = report._save_with_legend
+
+    def keep(fig: Any, handles: list[Any], out_png: Path) -> Path:
+        drawn.append((fig, handles))
+        return save(fig, handles, out_png)
+
+    monkeypatch.setattr(report, "_save_with_legend", keep)
+    sao, grpo = _synthetic_rows(), _synthetic_rows()
+    for row in sao[:10]:  # sao's first 10 steps update only its critic; grpo has none
+        row["learner/warmup"] = 1.0
+    report.plot_compare({"sao": sao, "grpo": grpo}, tmp_path / "c.png")
+    report.plot_compare_seeds({"sao": [sao, sao], "grpo": [grpo]}, tmp_path / "s.png")
+    assert (tmp_path / "c.png").is_file() and (tmp_path / "s.png").is_file()
+    for fig, handles in drawn:
+        labels = [h.get_label() for h in handles]
+        assert "[critic only, shaded: steps 1-10]" in labels[0] and "critic only" not in labels[1]
+        for ax in fig.axes:
+            spans = [p for p in ax.patches if p.get_width() == 10]  # steps 0.5-10.5
+            assert len(spans) == 1 and spans[0].get_x() == 0.5

@@ -64,3 +64,19 @@ def test_the_reading_map_points_at_real_definitions():
             ]
             assert found, f"README reading map: no {dotted} in {path}"
             scope = found[0].body
+
+
+def test_the_extras_line_names_every_feature_extra_and_only_real_ones():
+    import tomllib
+
+    extras = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    )
+    line = README.split("Extras, per feature", 1)[1].split("\n\n", 1)[0]
+    named, _, not_extras = line.partition("Not extras:")
+    # The extras, each followed by what it is for in parentheses.
+    named_extras = set(re.findall(r"`([\w-]+)`", re.sub(r"\([^)]*\)", "", named)))
+    assert named_extras <= extras, f"README names extras pyproject lacks: {named_extras - extras}"
+    # Every feature extra (not the developer ones, nor `math`, kept only for old commands).
+    assert extras - {"dev", "bench", "math"} <= named_extras
+    assert "pip install pyarrow" in not_extras and "pip install datasets" in not_extras

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from saorl.config import EnvConfig
 from saorl.envs.factory import build_env
-from saorl.rollout.tools import render_tool_call
+from saorl.toolcalls import render_tool_call
 from tests.integration._endpoint_harness import Recording, run_agents
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_tool_call_loop import _tokenizer

@@ -85,7 +85,8 @@ class CollapseConfig(_Section):
         10.0,
         ge=0,
         description="dis/kl_k3 or ppo/kl_k3 (policy vs sampler) and mismatch/k3 (learner vs "
-        "engine) above this x their median + kl_floor; 0 = off",
+        "engine) above this x their level (the larger of their median and the upper decile of "
+        "their last baseline_window values) + kl_floor; 0 = off",
     )
     kl_floor: float = Field(
         0.05,

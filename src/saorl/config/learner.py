@@ -66,3 +66,9 @@ class LearnerConfig(_Section):
     )
     sft_lr: float = Field(1e-3, gt=0, description="AdamW learning rate of the supervised warm-up")
     sft_batch_size: int = Field(64, ge=1, description="examples per supervised warm-up step")
+    sft_cache: str = Field(
+        "",
+        description="directory where the supervised warm-up's weights are kept and reused by "
+        "runs with the same model, env, sft_* settings and seed (`saorl compare` sets it: one "
+        "warm-up per seed for all its arms); '' = always train it",
+    )

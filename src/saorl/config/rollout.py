@@ -24,6 +24,13 @@ class RolloutConfig(_Section):
         1.0, gt=0, le=1, description="nucleus sampling mass; not applied to recorded log-probs"
     )
     max_new_tokens: int = Field(8, ge=1, description="max tokens generated per model turn")
+    score_truncated: bool = Field(
+        False,
+        description="a model turn cut at max_new_tokens or at model.max_seq_len still goes to "
+        "the environment's step (the reward functions score the text as it stands, as TRL "
+        "does) and then ends the episode; false = the episode ends at the cut with the rewards "
+        "it had (0 for a single turn). Training and evaluation alike",
+    )
     stop: list[str] = Field(
         default_factory=list, description="strings that end a model turn; [] = EOS/length only"
     )

@@ -10,6 +10,7 @@ from typing import Any
 from saorl.config import ConfigError, EnvConfig
 from saorl.config.env import BUILTIN_ENVS
 from saorl.envs.base import EnvSpec
+from saorl.envs.data.files import held_out_size
 
 
 class DatasetTask:
@@ -40,22 +41,6 @@ def _load(cfg: EnvConfig, key: str) -> list[Any]:
     # User reward functions replace the grader: rows need no reference answer then.
     return load_problems(name_or_path, cfg.problem_key, cfg.answer_key, extractor,
                          require_answer=not cfg.reward_fns)  # fmt: skip
-
-
-def held_out_size(cfg: EnvConfig, rows: int, need_train: bool = True) -> int:
-    """How many of `env.dataset`'s last rows are held out for evaluation (no `env.eval_dataset`).
-
-    `env.eval_size` as set; left at its default, a tenth of a small file (at least 1, at most
-    the default), and the config records it so the run's config.toml (and `saorl eval` from it)
-    holds out the same rows."""
-    if "eval_size" not in cfg.model_fields_set:
-        cfg.eval_size = min(cfg.eval_size, max(1, rows // 10))
-    if need_train and cfg.eval_size >= rows:
-        raise ConfigError(
-            f"env.eval_size={cfg.eval_size} holds out every one of env.dataset's {rows} rows, "
-            "leaving none to train on; lower env.eval_size or give env.eval_dataset"
-        )
-    return cfg.eval_size
 
 
 def _ungraded(response: str, reference: str) -> float:

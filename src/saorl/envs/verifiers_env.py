@@ -36,6 +36,7 @@ from typing import Any
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.agent import MODEL_NAME, AgentProgram, _read_result
 from saorl.envs.base import EnvSpec, TaskList
+from saorl.envs.data.files import held_out_size
 from saorl.rollout.agent_runs import AgentFailure
 
 RUNNER = "saorl.envs.verifiers_runner"
@@ -243,8 +244,6 @@ def prepare(cfg: EnvConfig, settings: dict[str, Any]) -> list[VerifiersTask]:
 
 
 def build_verifiers_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
-    from saorl.envs.factory import held_out_size
-
     args = dict(cfg.args)
     renderer = Renderer(args.pop("renderer", None))
     settings = {"env": cfg.verifiers_env, "args": args}

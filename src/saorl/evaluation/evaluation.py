@@ -67,6 +67,7 @@ def run_episodes(
         (*spec.stop, *roll.stop),
         greedy=greedy,
         env_timeout_s=spec.step_timeout_s,
+        score_truncated=roll.score_truncated,
     )
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)

@@ -17,6 +17,10 @@ by side would each get half and measure nothing about asynchrony); `--jobs J` ru
 each in its own process (`python -m saorl.experiments.compare RUN_JSON`), for machines with cores to
 spare.
 
+Every run of a comparison keeps its supervised warm-up in `OUT/warmup` (`learner.sft_cache`):
+the arms at one seed share the same model, task and warm-up settings, so the warm-up is trained
+once per seed and loaded by the other arms; an arm that changes any of them gets its own.
+
 Runs are resumable: one with `summary.json` is done and skipped; one with a checkpoint is
 resumed from it; one that got no checkpoint (stopped in its warm-up) is moved aside to
 `NAME.incomplete-N` and started again. A run that raises (or whose process dies) is recorded in
@@ -57,6 +61,8 @@ from saorl.experiments.compare_report import (  # noqa: F401
     write_compare_report,
 )
 from saorl.monitoring.metrics import METRICS_FILE
+
+WARMUP_DIR = "warmup"  # OUT/warmup: the supervised warm-ups the arms share (saorl.learner.sft)
 
 
 def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
@@ -103,8 +109,14 @@ def _move_aside(run_dir: Path) -> Path:
     return target
 
 
-# Where an arm writes and whether it draws a progress bar do not change what it measures.
-_BOOKKEEPING = {("run", "output_dir"), ("run", "name"), ("run", "progress")}
+# Where an arm writes, whether it draws a progress bar and where its warm-up is cached do not
+# change what it measures.
+_BOOKKEEPING = {
+    ("run", "output_dir"),
+    ("run", "name"),
+    ("run", "progress"),
+    ("learner", "sft_cache"),
+}
 
 
 def _config_diff(saved: Path, cfg: Config) -> list[str]:
@@ -180,6 +192,8 @@ def plan_runs(
     """Every (arm, seed) run, seed-major, and the seeds; seeds start at the config's run.seed."""
     first = load_config(base_config, [*shared, *_fixed_overrides(out_dir, "compare")]).run.seed
     seed_list = [first + i for i in range(seeds)]
+    # First, so a shared override (learner.sft_cache='') can switch the sharing off.
+    cache = f"learner.sft_cache={toml_string(str(Path(out_dir).resolve() / WARMUP_DIR))}"
     runs = []
     for seed in seed_list if seeds > 1 else [None]:
         for arm in arms:
@@ -187,7 +201,7 @@ def plan_runs(
                 where, name, own = out_dir, arm.name, []
             else:
                 where, name, own = out_dir / arm.name, f"seed{seed}", [f"run.seed={seed}"]
-            overrides = (*shared, *own, *arm.overrides, *_fixed_overrides(where, name))
+            overrides = (cache, *shared, *own, *arm.overrides, *_fixed_overrides(where, name))
             runs.append(Run(arm, seed, where / name, overrides))
     return runs, seed_list
 

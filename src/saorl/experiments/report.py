@@ -117,7 +117,7 @@ def run_figure(
     # One step range for every panel, so that sparse evaluations line up with the rest.
     all_steps = [s for _, lines in panels for _, steps, _ in lines for s in steps]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
-    warm = [s for s, v in zip(*metric_series(metrics, "learner/warmup"), strict=True) if v]
+    warm = critic_only_span(metrics)
     if collapse:
         title = (f"{title}: " if title else "") + (
             f"collapse ({collapse['signal']}) at step {collapse['detected_step']}"
@@ -127,8 +127,8 @@ def run_figure(
         ax = fig.add_subplot(nrows, ncols, i + 1)
         if warm:
             ax.axvspan(
-                min(warm) - 0.5,
-                max(warm) + 0.5,
+                warm[0] - 0.5,
+                warm[1] + 0.5,
                 color="grey",
                 alpha=0.15,
                 label="critic only (critic.warmup_steps)",
@@ -221,8 +221,9 @@ def plot_compare(
     Each run keeps one colour on every panel; per-step curves are lightly smoothed (a moving
     average over up to 25 steps for the reward, 10 for the rest), evaluations are markers.
     A run's collapse step (from `collapses`, or computed with `detect_collapse` when not given)
-    is a dotted vertical line in its colour, and the legend says at which step. Panels no run
-    logs are left out.
+    is a dotted vertical line in its colour, and the legend says at which step. A run's
+    critic-only steps (`critic.warmup_steps`) are shaded lightly in its colour and named in the
+    legend. Panels no run logs are left out.
     """
     import matplotlib
 
@@ -233,6 +234,7 @@ def plot_compare(
         collapses = {label: detect_collapse(rows) for label, rows in runs.items()}
     cmap = matplotlib.colormaps["tab10" if len(runs) <= 10 else "tab20"]
     colors = {label: cmap(i % cmap.N) for i, label in enumerate(runs)}
+    warm = {label: critic_only_span(rows) for label, rows in runs.items()}
 
     panels = []
     for panel in _COMPARE_PANELS:
@@ -250,6 +252,7 @@ def plot_compare(
     fig, nrows, ncols = _grid(len(panels), title, extra_height=0.9)
     for i, (panel, lines) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
+        _shade_critic_only(ax, warm, colors)
         for label, j, steps, values in lines:
             style = {"color": colors[label], "linestyle": _LINESTYLES[j % len(_LINESTYLES)]}
             marker = panel.markers or len(values) == 1
@@ -268,6 +271,7 @@ def plot_compare(
         # The signal that fired (reward_crash, entropy_collapse, ...) and its onset step.
         why = hit.get("signal", hit["metric"]) if hit is not None else ""
         text = label if hit is None else f"{label} (collapse @ {hit['step']}: {why})"
+        text += _critic_only_note(warm[label])
         handles.append(Line2D([], [], color=colors[label], linewidth=2, label=text))
     return _save_with_legend(fig, handles, out_png)
 
@@ -295,6 +299,30 @@ def _finish_axes(ax: Any, panel: _Panel, lo: float, hi: float) -> None:
         ax.set_ylim(bottom=panel.floor)
     if lo < hi:
         ax.set_xlim(lo - 0.02 * (hi - lo), hi + 0.02 * (hi - lo))
+
+
+def critic_only_span(rows: Sequence[dict[str, Any]]) -> tuple[float, float] | None:
+    """The first and last critic-only step of a run (`learner/warmup`), or None."""
+    warm = [s for s, v in zip(*metric_series(rows, "learner/warmup"), strict=True) if v]
+    return (min(warm), max(warm)) if warm else None
+
+
+def _widest(spans: Sequence[tuple[float, float] | None]) -> tuple[float, float] | None:
+    got = [s for s in spans if s is not None]
+    return (min(s[0] for s in got), max(s[1] for s in got)) if got else None
+
+
+def _shade_critic_only(
+    ax: Any, spans: Mapping[str, tuple[float, float] | None], colors: Any
+) -> None:
+    """Each arm's critic-only steps, lightly in its colour: its policy did not move there."""
+    for label, span in spans.items():
+        if span is not None:
+            ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=colors[label], alpha=0.08, lw=0)
+
+
+def _critic_only_note(span: tuple[float, float] | None) -> str:
+    return "" if span is None else f" [critic only, shaded: steps {span[0]:g}-{span[1]:g}]"
 
 
 def _save_with_legend(fig: Any, handles: list[Any], out_png: Path) -> Path:
@@ -334,7 +362,8 @@ def plot_compare_seeds(
 
     Per arm and panel: the mean over seeds as a line, their min-max range as a shaded band
     (`seed_bands`). The median collapse step of the seeds that collapsed is a dotted vertical
-    line, and the legend says how many seeds collapsed.
+    line, and the legend says how many seeds collapsed. Critic-only steps are shaded as in
+    `plot_compare`.
     """
     import matplotlib
 
@@ -352,6 +381,9 @@ def plot_compare_seeds(
         lines = [line for line in lines if line[2]]
         if lines:
             panels.append((panel, lines))
+    # Seeds share their settings; the widest span covers a resumed or shorter seed too.
+    spans = {label: [critic_only_span(r) for r in seeds] for label, seeds in runs.items()}
+    warm = {label: _widest(s) for label, s in spans.items()}
     all_steps = [s for _, lines in panels for line in lines for s in line[2]]
     lo, hi = (min(all_steps), max(all_steps)) if all_steps else (0.0, 0.0)
     fig, nrows, ncols = _grid(len(panels), title, extra_height=0.9)
@@ -361,6 +393,7 @@ def plot_compare_seeds(
         medians[label] = statistics.median(steps) if steps else None
     for i, (panel, lines) in enumerate(panels):
         ax = fig.add_subplot(nrows, ncols, i + 1)
+        _shade_critic_only(ax, warm, colors)
         for label, j, steps, mean, low, high in lines:
             color, style = colors[label], _LINESTYLES[j % len(_LINESTYLES)]
             marker = "o" if panel.markers or len(steps) == 1 else None
@@ -377,6 +410,7 @@ def plot_compare_seeds(
         text = f"{label} ({len(seeds)} seeds: mean, band min-max"
         if hits:
             text += f"; {len(hits)} collapsed, median step {medians[label]:g}"
+        text += _critic_only_note(warm[label])
         handles.append(Line2D([], [], color=colors[label], linewidth=2, label=text + ")"))
     return _save_with_legend(fig, handles, out_png)
 

@@ -3,13 +3,23 @@
 The built-in task starts from random weights, so the run first teaches the output format and
 some arithmetic with a few hundred supervised steps; RL then has to do the rest. The loss is the
 mean negative log-likelihood of the answer tokens (and EOS), not of the prompt.
+
+With `learner.sft_cache` set (`saorl compare` sets it), the warmed-up policy weights are stored
+there under a key of every setting that shapes them (`warmup_key`), and a later run with the
+same key loads them instead of training again: the arms of a comparison at one seed share one
+warm-up. It is deterministic given those settings (no dropout; its own example RNG), so a
+loaded warm-up is the one the run would have computed.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
 import random
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -91,13 +101,52 @@ def supervised_warmup(
 
     A LoRA policy trains its base weights here, adapters off (docs/lora.md: the warm-up stands
     in for pretraining); RL then trains the adapters."""
+    cached = _cache_file(cfg)
+    if cached is not None and cached.is_file():
+        policy.load_state_dict(torch.load(cached, map_location="cpu", weights_only=True))
+        print(f"saorl: supervised warm-up reused from {cached}", file=sys.stderr, flush=True)
+        return
     with lora_warmup(policy):
-        _supervised_steps(policy, tokenizer, spec, cfg, progress)
+        trained = _supervised_steps(policy, tokenizer, spec, cfg, progress)
+    if cached is not None and trained:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")  # parallel arms: each
+        torch.save({k: v.detach().cpu() for k, v in policy.state_dict().items()}, partial)
+        os.replace(partial, cached)  # writes its own, then one atomic rename wins
+
+
+# What the warm-up's result depends on besides the model, env and sft_* settings. The torch and
+# saorl versions: a cache kept across an upgrade must not hand back another version's numbers.
+def warmup_key(cfg: Config) -> str:
+    """A hash of every setting the supervised warm-up's weights depend on.
+
+    The model (architecture, weights, LoRA, dtype, device: its random init is drawn from
+    run.seed), the env (its demonstrations), `learner.sft_*`, `run.seed` and
+    `run.deterministic`; not the algorithm, critic or RL settings, which act only after it."""
+    from saorl import __version__
+
+    lc = cfg.learner
+    parts = {
+        "model": cfg.model.model_dump(mode="json"),
+        "env": cfg.env.model_dump(mode="json"),
+        "sft": [lc.sft_steps, lc.sft_lr, lc.sft_batch_size],
+        "seed": cfg.run.seed,
+        "deterministic": cfg.run.deterministic,
+        "versions": [__version__, torch.__version__],
+    }
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _cache_file(cfg: Config) -> Path | None:
+    where = cfg.learner.sft_cache
+    return Path(where) / f"sft-{warmup_key(cfg)}.pt" if where else None
 
 
 def _supervised_steps(
     policy: nn.Module, tokenizer: Any, spec: EnvSpec, cfg: Config, progress: TrainProgress | None
-) -> None:
+) -> bool:
+    """The warm-up's steps; False when there were none to take."""
     lc = cfg.learner
     if spec.demo is None and "sft_steps" not in lc.model_fields_set:
         # Left at its default (made for the built-in tasks): start RL from the model as it is.
@@ -106,7 +155,7 @@ def _supervised_steps(
             "(learner.sft_steps applies to the built-in tasks)",
             file=sys.stderr,
         )
-        return
+        return False
     if spec.demo is None:
         raise ConfigError(
             f"learner.sft_steps={lc.sft_steps}: env {cfg.env.name!r} has no demonstrations for "
@@ -127,3 +176,4 @@ def _supervised_steps(
         sched.step()
         if bar:
             bar.advance()
+    return True

@@ -39,6 +39,13 @@ Signals (`collapse/<name>`), one rule each:
   The KL and mismatch thresholds have floors of their own (`kl_floor`, `mismatch_floor`): a
   policy trained on 8-version-old rollouts is expected to differ from its sampler by a few
   hundredths of a nat, an engine from the learner on the same weights by almost nothing.
+  For these two k3 estimates the reference is also at least the upper decile of the last
+  `baseline_window` values: k3 is heavy-tailed (a healthy SAO run's median 2e-4 nats, its
+  ordinary excursions 0.01-0.04), so 10x its median is next to nothing and the floor alone
+  set the threshold: a healthy run whose KL is a few times higher (a higher lr, more
+  staleness: k3 grows with the square of the policy's change) crossed it. Against the run's
+  own excursions the rule is scale-free like the reward rule (KL x4 throughout fires nothing
+  new), and a collapse stands out as far: VAPO's 7.26 nats is 128x its threshold.
 
 A rule fires when it holds on `patience` consecutive logged values of its metric, or a spike at
 once when its value is more than `spike_instant` x its threshold (VAPO on the tool task took one
@@ -68,6 +75,8 @@ ENTROPY_KEY = "policy/entropy"
 LENGTH_KEY = "rollout/response_len_mean"
 GRAD_NORM_KEY = "policy/grad_norm"
 KL_KEYS = ("dis/kl_k3", "ppo/kl_k3")
+# The k3 rules' reference: at least this quantile of the trailing window (module docstring).
+K3_QUANTILE = 0.9
 MISMATCH_KEY = "mismatch/k3"
 MASKED_KEYS = ("dis/masked_frac", "ppo/clip_frac")
 DETECTED = "collapse/detected"
@@ -251,9 +260,16 @@ class _Spike(_Rule):
     """Raw value above `factor` x the median of the values before it + `floor`."""
 
     def __init__(
-        self, name: str, keys: tuple[str, ...], factor: float, floor: float, cfg: CollapseConfig
+        self,
+        name: str,
+        keys: tuple[str, ...],
+        factor: float,
+        floor: float,
+        cfg: CollapseConfig,
+        quantile: float | None = None,
     ) -> None:
         super().__init__(name, keys, cfg.patience)
+        self.quantile = quantile  # the reference is at least this quantile of the history
         # Judged once it has `window` values of history (at most the whole baseline window).
         self.factor, self.floor = factor, floor
         self.instant = cfg.spike_instant or None
@@ -269,6 +285,9 @@ class _Spike(_Rule):
             # gradient, and the ordinary ones would look like spikes against the recent median.
             run = self.everything
             self.median = max(statistics.median(self.history), run[len(run) // 2])
+            if self.quantile is not None:  # heavy-tailed k3: the run's own excursions
+                recent = sorted(self.history)
+                self.median = max(self.median, recent[int(self.quantile * (len(recent) - 1))])
             threshold = self.factor * self.median + self.floor
             if threshold > self.median:  # a median of 0 without a floor: no scale to judge by
                 score = _score(value, self.median, threshold)
@@ -279,8 +298,9 @@ class _Spike(_Rule):
 
     def describe(self, metric: str, value: float, threshold: float) -> str:
         floor = f" + {self.floor:g}" if self.floor else ""
+        level = "median" if self.quantile is None else "level (median or upper decile)"
         return (
-            f"{metric} rose to {value:.4g}, above {self.factor:g} x its median "
+            f"{metric} rose to {value:.4g}, above {self.factor:g} x its {level} "
             f"{self.median:.4g}{floor}"
         )
 
@@ -304,8 +324,8 @@ class CollapseDetector:
             _Shrink("length_collapse", LENGTH_KEY, c.length_low, c),
             _Spike("length_explosion", (LENGTH_KEY,), c.length_high, 0.0, c),
             _Spike("grad_norm_spike", (GRAD_NORM_KEY,), c.grad_norm_spike, 0.0, c),
-            _Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c),
-            _Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c),
+            _Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c, K3_QUANTILE),
+            _Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c, K3_QUANTILE),
             _Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
         ]
         self.first: Finding | None = None

@@ -104,6 +104,7 @@ class Episode:
     # Recorded MoE routing of every position fed so far: each turn's prefill re-routes the
     # whole history, so the newest turn's record replaces the older ones.
     routing: Any = None
+    cut: str = ""  # "length" / "context": the last turn hit its token budget or the context
 
     @property
     def ids(self) -> list[int]:

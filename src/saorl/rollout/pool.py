@@ -53,7 +53,8 @@ def agent_limits(cfg: Config, spec: EnvSpec) -> AgentLimits:
     rc = cfg.rollout
     limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, spec.max_turns,
                          spec.max_tool_calls, (*spec.stop, *rc.stop),
-                         env_timeout_s=spec.step_timeout_s)  # fmt: skip
+                         env_timeout_s=spec.step_timeout_s,
+                         score_truncated=rc.score_truncated)  # fmt: skip
     if rc.forced_length == "lognormal":  # benchmarks: long-tailed lengths, same in every mode
         limits.forced_length = lognormal_lengths(
             rc.forced_length_median, rc.forced_length_sigma, cfg.run.seed + 7

@@ -159,6 +159,9 @@ class AgentLimits:
     stop: tuple[str, ...] = ()
     greedy: bool = False  # evaluation: argmax decoding instead of sampling
     env_timeout_s: float = 600.0  # an environment reset/step that takes longer fails the episode
+    # `rollout.score_truncated`: a turn cut at its token budget or the context still goes to
+    # the env's step (its reward functions score it), then the episode ends.
+    score_truncated: bool = False
     # Benchmarks (`rollout.forced_length`): each turn generates exactly this many tokens
     # (clamped to the budget and context), EOS suppressed; None = the model decides.
     forced_length: Callable[[], int] | None = None
@@ -331,7 +334,9 @@ class RolloutWorker:
             return self._emit(ep, "aborted")
         if c.finish_reason == "length":
             full = len(ep.ids) >= self.limits.max_seq_len
-            return self._emit(ep, "context" if full else "length")
+            ep.cut = "context" if full else "length"
+            if not self.limits.score_truncated:
+                return self._emit(ep, ep.cut)
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         ep.conversation.append({"role": "assistant", "content": text})
         deadline = time.monotonic() + self.limits.env_timeout_s
@@ -341,6 +346,8 @@ class RolloutWorker:
         ep.reward += result.reward
         ep.info.update(result.info)
         ep.tool_calls += int(bool(result.info.get("tool_call")))
+        if ep.cut:  # scored as it stands (score_truncated); the model cannot go on
+            return self._emit(ep, ep.cut)
         if result.done:
             return self._emit(ep, "answer")
         if ep.turns >= self.limits.max_turns:
