@@ -66,5 +66,6 @@ def build_engine(
             recompute_kv=rc.vllm_recompute_kv_on_update,
             record_routing=cfg.algorithm.routing_replay,
             trust_remote_code=cfg.model.trust_remote_code,
+            lora_adapter=cfg.model.lora_push == "adapter",
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")
