@@ -46,6 +46,7 @@ def build_engine(
             kv_cache=rc.kv_cache,
             copy_model=not share_model,
             record_routing=cfg.algorithm.routing_replay,
+            lora_adapter=cfg.model.lora_push == "adapter",
         )
     elif rc.engine == "vllm":
         from saorl.rollout.vllm_engine import VLLMEngine

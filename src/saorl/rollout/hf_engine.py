@@ -95,6 +95,8 @@ class HFEngine:
 
     By default the engine owns a private copy of `model` (the learner trains its own); pass
     `copy_model=False` to sample from `model` itself, e.g. for evaluation in the learner thread.
+    `lora_adapter=False`: a LoRA `model`'s pushes will be merged weights (`model.lora_push`), so
+    no copy of its base is kept for adapter pushes.
     """
 
     def __init__(
@@ -111,11 +113,13 @@ class HFEngine:
         copy_model: bool = True,
         kv_cache: bool = True,
         record_routing: bool = False,
+        lora_adapter: bool = True,
     ) -> None:
         self._merger: AdapterMerger | None = None
         if copy_model and has_lora(model):
             self.model = merged_copy(model)
-            self._merger = AdapterMerger(model, next(model.parameters()).device)
+            if lora_adapter:  # adapter pushes will come: keep the base to merge them onto
+                self._merger = AdapterMerger(model, next(model.parameters()).device)
         elif copy_model:
             self.model = copy.deepcopy(model)
         else:
