@@ -115,8 +115,11 @@ class RolloutPool(Protocol):
         `version`; then admits the next batch's prompts."""
         ...
 
-    def update_weights(self) -> None:
-        """Every engine to the learner's current weights; generations in flight continue."""
+    def update_weights(self) -> int:
+        """Every engine to the learner's current weights; generations in flight continue.
+
+        Returns the bytes of the weights one engine receives (a LoRA policy's adapters alone
+        with `model.lora_push = "adapter"`): the loop logs them as `perf/push_bytes`."""
         ...
 
     def snapshot(self) -> dict[str, Any]:

@@ -6,7 +6,7 @@
         take the first `batch_size` finished trajectories (drop and count the too-stale ones)
         -> SAO step (critic values, GAE, K critic updates, DIS policy update)
         -> push weights to the engines once `push_every` policy versions have passed since the
-           last push -> log / eval / checkpoint
+           last push (`perf/push_bytes`, `perf/push_s`) -> log / eval / checkpoint
         -> collapse detection on the step's metrics (`saorl.monitoring.collapse`;
         `run.stop_on_collapse`
            ends the run here, with a checkpoint)
@@ -225,7 +225,10 @@ def _rl_loop(
                 stopped_by, failure = "nonfinite", e
                 break
             if push_due(learner.version, pushed, lc.push_every):
-                pool.update_weights()  # a generation in flight continues under the new weights
+                t_push = time.perf_counter()
+                # a generation in flight continues under the new weights
+                metrics["perf/push_bytes"] = pool.update_weights()
+                metrics["perf/push_s"] = time.perf_counter() - t_push
                 pushed = learner.version
             totals["waited_s"] += got.waited_s
             totals["dropped"] += got.dropped

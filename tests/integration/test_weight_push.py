@@ -49,7 +49,7 @@ def test_grpo_push_every_3_with_4_minibatches_keeps_training(tmp_path, monkeypat
 
     def counted(pool):
         pushed_at.append(pool.learner.version)
-        push(pool)
+        return push(pool)
 
     monkeypatch.setattr(WorkerPool, "update_weights", counted)
     cfg = tiny_config(

@@ -48,6 +48,9 @@ def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     assert summary["steps"] == 3 and summary["policy_version"] == 2  # step 1 is critic warm-up
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/value" in r] == [1, 2, 3]
+    # Steps 2 and 3 pushed the replica's whole state to rank 0's engine (no LoRA with FSDP).
+    pushed = [r for r in rows if "perf/push_bytes" in r]
+    assert [r["step"] for r in pushed] == [2, 3] and all(r["perf/push_s"] >= 0 for r in pushed)
     ckpt = load_state_file(run / "checkpoints" / "step_00000003.pt")
     assert ckpt["sharded"] == "step_00000003.dcp" and "policy" not in ckpt
     shards = run / "checkpoints" / "step_00000003.dcp"

@@ -1,17 +1,22 @@
-"""A LoRA policy's merged-weight pushes reach vLLM: its log-probs are the learner's (needs vLLM).
+"""A LoRA policy's pushes reach vLLM, adapter-only or merged: its log-probs are the learner's
+(needs vLLM).
 
-The learner trains adapters only (tests/integration/test_lora.py); vLLM runs the plain model
-and receives `W + (alpha / r) B A` at start-up and with every push (`Learner.policy_state`).
+The learner trains adapters only (tests/integration/test_lora.py). With `model.lora_push =
+"adapter"` (default) vLLM is built with its LoRA support, gets the base and the adapter at
+start-up and the adapter alone with every push after (`Learner.push_state`,
+`saorl.rollout.vllm_lora`); with `"merged"` it runs the plain model and receives
+`W + (alpha / r) B A` every time (`Learner.policy_state`).
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
-from saorl.models.lora import merged_copy
+from saorl.models.lora import is_adapter_key, merged_copy, state_bytes
 from saorl.rollout.engine import GenerationRequest
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
@@ -36,17 +41,19 @@ def _logprobs(policy, c) -> torch.Tensor:
     return lp[0, len(c.request.prompt_ids) :]
 
 
-def test_merged_lora_pushes_reach_vllm_and_match_the_learner():
+@pytest.mark.parametrize("how", ["adapter", "merged"])
+def test_lora_pushes_reach_vllm_and_match_the_learner(how):
     from saorl.rollout.factory import build_engine
 
-    cfg = tiny_config(*CFG)
+    cfg = tiny_config(*CFG, f"model.lora_push={how}")
     torch.manual_seed(0)
     policy, tok = load_policy(cfg.model)
     learner = Learner(cfg, policy, torch.device("cpu"))
     batch = _batch(learner.policy)
     for _ in range(3):
         learner.step(batch)
-    engine = build_engine(cfg, learner.policy, tok, seed=0, version=3)  # start-up push, merged
+    engine = build_engine(cfg, learner.policy, tok, seed=0, version=3)  # start-up push
+    assert (engine._adapter is not None) == (how == "adapter")
     reqs = [GenerationRequest(tok.encode(f"{i}+{i}="), 8, request_id=i) for i in range(6)]
     try:
         for c in engine.generate(reqs):
@@ -56,9 +63,13 @@ def test_merged_lora_pushes_reach_vllm_and_match_the_learner():
         before = {k: v.clone() for k, v in learner.policy_state().items()}
         for _ in range(3):
             learner.step(batch)
-        state = learner.policy_state()
-        assert not any("lora" in k or "base_layer" in k for k in state)
-        engine.update_weights(state, 6)  # a push: merged weights under the plain names
+        state = learner.push_state()
+        if how == "adapter":
+            assert state and all(is_adapter_key(k) for k in state)
+            assert state_bytes(state) < 0.2 * state_bytes(learner.policy_state())
+        else:
+            assert not any("lora" in k or "base_layer" in k for k in state)
+        engine.update_weights(state, 6)  # a push
         previous = merged_copy(learner.policy)  # the plain model, holding the first push
         previous.load_state_dict(before)
         moved = 0.0
@@ -69,5 +80,44 @@ def test_merged_lora_pushes_reach_vllm_and_match_the_learner():
             moved = max(moved, (got - _logprobs(previous, c)).abs().max().item())
         # The pushed adapters changed what vLLM computes (not only the learner's copy).
         assert moved > 10 * ATOL
+        if how == "adapter":  # merged weights would be applied twice: refused
+            with pytest.raises(ValueError, match="not merged weights"):
+                engine.update_weights(learner.policy_state(), 7)
+    finally:
+        engine.close()
+
+
+def test_an_adapter_push_lands_on_requests_in_flight():
+    """Requests running across an adapter push continue under the new adapter (one adapter id,
+    reloaded in place): the tokens labelled with the new version have the new policy's
+    log-probs given their whole prefix."""
+    from saorl.rollout.factory import build_engine
+
+    cfg = tiny_config(*CFG)
+    torch.manual_seed(0)
+    policy, tok = load_policy(cfg.model)
+    learner = Learner(cfg, policy, torch.device("cpu"))
+    batch = _batch(learner.policy)
+    engine = build_engine(cfg, learner.policy, tok, seed=0, version=0)
+    try:
+        for i in range(4):
+            engine.add_request(GenerationRequest(tok.encode(f"{i}+{i}="), 12, request_id=i))
+        done = []
+        for _ in range(3):
+            done += engine.step()
+        old = merged_copy(learner.policy)
+        for _ in range(3):
+            learner.step(batch)
+        engine.update_weights(learner.push_state(), 3)
+        while engine.num_unfinished():
+            done += engine.step()
+        spanning = [c for c in done if 0 in c.versions and 3 in c.versions]
+        assert spanning
+        for c in spanning:
+            got = torch.tensor(c.logprobs)
+            new_lp, old_lp = _logprobs(learner.policy, c), _logprobs(old, c)
+            v = torch.tensor(c.versions)
+            torch.testing.assert_close(got[v == 3], new_lp[v == 3], atol=ATOL, rtol=0)
+            torch.testing.assert_close(got[v == 0], old_lp[v == 0], atol=ATOL, rtol=0)
     finally:
         engine.close()

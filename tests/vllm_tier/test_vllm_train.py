@@ -7,20 +7,34 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from saorl.config import load_config
+from saorl.models.loading import load_policy
+from saorl.models.lora import add_lora
 from tests.vllm_tier._marks import VLLM_TIER
 
 pytestmark = VLLM_TIER
 
 
-def test_saorl_train_with_the_vllm_engine(tmp_path: Path):
+MODEL = [
+    "model.hidden_size=64",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=128",
+]
+
+
+@pytest.mark.parametrize(
+    "lora", [[], ["model.lora_rank=4", "model.lora_alpha=8"]], ids=["full", "lora"]
+)
+def test_saorl_train_with_the_vllm_engine(tmp_path: Path, lora: list[str]):
     out = subprocess.run(
         [sys.executable, "-m", "saorl", "train", f"run.output_dir={tmp_path}", "run.name=v",
          "run.total_steps=4", "run.eval_every=0", "run.progress=false", "run.torch_threads=1",
          "learner.sft_steps=20", "learner.batch_size=8", "learner.max_staleness=1",
          "critic.warmup_steps=1", "env.eval_size=8",
-         "model.hidden_size=64", "model.num_heads=2", "model.num_kv_heads=1",
-         "model.intermediate_size=128",
-         "rollout.engine=vllm", "rollout.vllm_enforce_eager=true",
+         *MODEL, *lora, "rollout.engine=vllm", "rollout.vllm_enforce_eager=true",
          "rollout.vllm_kv_cache_gib=0.0625", "rollout.temperature=0.8"],
         capture_output=True, text=True, timeout=400,
     )  # fmt: skip
@@ -40,3 +54,10 @@ def test_saorl_train_with_the_vllm_engine(tmp_path: Path):
         assert r["mismatch/tokens"] > 0
         assert 0 <= r["mismatch/k3"] < 1e-6 and r["mismatch/max_abs_logprob_diff"] < 1e-3
     assert summary["final_eval_accuracy"] is not None
+    # Steps 2-4 pushed (step 1 trained the critic alone): the whole model, or the adapter alone
+    cfg = load_config(None, [*MODEL, *lora])
+    policy = load_policy(cfg.model)[0]
+    add_lora(policy, cfg, "model")
+    want = sum(v.numel() for k, v in policy.state_dict().items() if not lora or ".lora_" in k)
+    assert [r["step"] for r in train if "perf/push_bytes" in r] == [2, 3, 4]
+    assert all(r["perf/push_bytes"] == 4 * want for r in train if "perf/push_bytes" in r)

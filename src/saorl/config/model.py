@@ -74,6 +74,13 @@ class ModelConfig(_Section):
         "'v_proj']; ['all-linear'] = every linear layer but the output head (peft); also the "
         "critic's targets when critic.lora_rank > 0",
     )
+    lora_push: Literal["adapter", "merged"] = Field(
+        "adapter",
+        description="what a weight push sends with lora_rank > 0: 'adapter' = the adapters only "
+        "(engines keep the base weights; the HF engine merges them in place, vLLM serves them "
+        "through its LoRA support); 'merged' = the whole merged model, as full fine-tuning "
+        "(for models vLLM's LoRA does not support)",
+    )
     device: str = Field(
         "cpu", description="'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when available, else cpu)"
     )

@@ -158,14 +158,25 @@ class LearnerActor:
 
     # -- weight pushes (saorl.distributed.ray_pool) ------------------------------------------
     def policy_state(self) -> dict[str, Any]:
-        """Full policy weights on CPU: the object every rollout actor loads."""
+        """Full policy weights on CPU (LoRA merged)."""
         return {k: v.detach().cpu() for k, v in self.learner.policy_state().items()}
 
-    def group_address(self) -> tuple[str, int, str, Any]:
-        """`(node ip, free port, backend, weight meta)` for forming the broadcast group."""
-        from saorl.distributed.weight_sync import free_port, node_ip, weight_meta
+    def push_state(self, full: bool) -> dict[str, Any]:
+        """What a push sends, on CPU: the object every rollout actor loads. `full`: also the
+        base weights a LoRA policy's adapter pushes leave out (`Learner.push_state`)."""
+        return {k: v.detach().cpu() for k, v in self.learner.push_state(full).items()}
 
-        self.meta = weight_meta(self.learner.policy_state())
+    def push_metas(self) -> dict[bool, Any]:
+        """The weight meta of a full push (True) and of the others (False)."""
+        from saorl.distributed.weight_sync import weight_meta
+
+        return {full: weight_meta(self.learner.push_state(full)) for full in (True, False)}
+
+    def group_address(self) -> tuple[str, int, str, Any]:
+        """`(node ip, free port, backend, weight metas)` for forming the broadcast group."""
+        from saorl.distributed.weight_sync import free_port, node_ip
+
+        self.meta = self.push_metas()
         backend = "nccl" if self.learner.device.type == "cuda" else "gloo"
         return node_ip(), free_port(), backend, self.meta
 
@@ -174,8 +185,8 @@ class LearnerActor:
 
         self.group = BroadcastGroup(host, port, 0, world, backend, timeout)
 
-    def broadcast_weights(self) -> None:
-        self.group.send(self.learner.policy_state(), self.meta)
+    def broadcast_weights(self, full: bool = False) -> None:
+        self.group.send(self.learner.push_state(full), self.meta[full])
 
 
 class CriticActor:
@@ -285,6 +296,10 @@ class RolloutActor:
         _setup_process(cfg, cwd)
         # The initial weights do not matter: the driver pushes the learner's before any work.
         policy, _ = load_policy(cfg.model)
+        if cfg.model.lora_push == "adapter":  # the learner's layout: its pushes are adapters
+            from saorl.models.lora import add_lora
+
+            add_lora(policy, cfg, "model")
         if cfg.rollout.engine == "hf":  # it samples from a copy of this module, on its device;
             policy.to(resolve_device(cfg.model.device))  # vLLM only reads config and weights
         self.engine = build_engine(cfg, policy, tokenizer, seed=seed, version=0)
@@ -356,8 +371,8 @@ class RolloutActor:
 
         self.group, self.meta = BroadcastGroup(host, port, rank, world, backend, timeout), meta
 
-    def receive_weights(self, version: int) -> None:
-        self.engine.update_weights(self.group.receive(self.meta), version)
+    def receive_weights(self, version: int, full: bool = False) -> None:
+        self.engine.update_weights(self.group.receive(self.meta[full]), version)
 
     def engine_state(self) -> dict[str, Any]:
         """The weights the engine samples with next, on CPU (engines with a torch `model`).

@@ -18,13 +18,15 @@ times a second and slowed decoding; batched, a finished row's slot is refilled a
 much later.
 
 Weights (`ray.weight_sync`): the learner's state as one Ray object (the return value of
-`policy_state`, stored once) that every rollout actor loads, or a `torch.distributed` broadcast
-from the learner (`saorl.distributed.weight_sync`). The driver waits until every engine has the
-new weights, except for an object-store push in asynchronous mode: the loop goes on with the
-next learner step while the actors take them (in one process the push is queued at once; the
-round trip cost the loop 10-14 ms a step on the generation-bound benchmark), and each push
-first awaits the one before, so at most one is in flight: an actor runs calls on several
-threads, and an older push landing after a newer one would roll its weights back.
+`push_state`, stored once) that every rollout actor loads, or a `torch.distributed` broadcast
+from the learner (`saorl.distributed.weight_sync`). A LoRA policy (`model.lora_push =
+"adapter"`) sends its whole unmerged state to new actors and its adapters alone after that.
+The driver waits until every engine has the new weights, except for an object-store push in
+asynchronous mode: the loop goes on with the next learner step while the actors take them (in
+one process the push is queued at once; the round trip cost the loop 10-14 ms a step on the
+generation-bound benchmark), and each push first awaits the one before, so at most one is in
+flight: an actor runs calls on several threads, and an older push landing after a newer one
+would roll its weights back.
 
 A dead rollout actor is replaced (`respawn`) by a new one with the learner's current weights and
 the dead one's unfinished tasks, which the driver knows without asking the dead process; a
@@ -34,6 +36,7 @@ broadcast group cannot swap a rank, so with `"broadcast"` a dead rollout actor s
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import threading
@@ -165,6 +168,7 @@ class RayWorkerPool(WorkerPool):
         self.learner: RayLearner = learner
         self._actors: list[Any] = []  # every actor spawned and not yet killed
         self._pushing: list[tuple[Any, Any]] = []  # (actor, its update_weights call) in flight
+        self._metas: dict[bool, Any] | None = None  # weight metas of full and other pushes
 
     def _spawn_actor(self, name: str, seed: int) -> Any:
         rc = self.cfg.ray
@@ -187,7 +191,7 @@ class RayWorkerPool(WorkerPool):
             self._form_group(actors)
         self.workers = [RayRolloutWorker(a, name, self.feed, self.out, room)
                         for a, name, room in zip(actors, names, rooms, strict=True)]  # fmt: skip
-        self.update_weights()
+        self.update_weights(full=True)  # a LoRA policy's base weights too, this once
         self._finish_push()  # no actor samples before it has the learner's weights
         return self.workers
 
@@ -216,28 +220,34 @@ class RayWorkerPool(WorkerPool):
         ray_module().kill(dead)
         self._actors.remove(dead)
         self._pushing = [(a, ref) for a, ref in self._pushing if a is not dead]
-        get(actor.update_weights.remote(self._weights_ref(), self.learner.version), name)
+        get(actor.update_weights.remote(self._weights_ref(True), self.learner.version), name)
         return RayRolloutWorker(actor, name, self.feed, self.out, room)
 
-    def update_weights(self) -> None:
+    def update_weights(self, full: bool = False) -> int:
+        """Push to every actor; the bytes one receives. `full`: with a LoRA policy's base
+        weights too, for engines that lack them (new actors); else its adapters only."""
         sync = self.cfg.ray.weight_sync
         if sync == "object_store":
-            self.push_via_object_store()
+            self.push_via_object_store(full)
         elif sync == "broadcast":
-            self.push_via_broadcast()
+            self.push_via_broadcast(full)
         else:
             raise ValueError(f"ray.weight_sync: unknown {sync!r}")
+        if self._metas is None:  # sizes and dtypes never change: asked once
+            self._metas = self.learner.get(self.learner.actor.push_metas.remote())
+        return sum(math.prod(shape) * getattr(torch, dtype).itemsize
+                   for _, shape, dtype in self._metas[full])  # fmt: skip
 
-    def _weights_ref(self) -> Any:
-        state = self.learner.actor.policy_state.remote()  # stored once, loaded by every actor
+    def _weights_ref(self, full: bool = False) -> Any:
+        state = self.learner.actor.push_state.remote(full)  # stored once, loaded by every actor
         self.learner.wait(state)
         return state
 
-    def push_via_object_store(self) -> None:
+    def push_via_object_store(self, full: bool = False) -> None:
         """Every actor gets the learner's weights; awaited in synchronous mode (the next batch
         is sampled by them), otherwise before the next push (see the module's docstring)."""
         self._finish_push()
-        state, version = self._weights_ref(), self.learner.version
+        state, version = self._weights_ref(full), self.learner.version
         self._pushing = [(w.actor, w.actor.update_weights.remote(state, version))
                          for w in self.workers]  # fmt: skip
         if self.sync:
@@ -248,10 +258,11 @@ class RayWorkerPool(WorkerPool):
         if pushing:
             get([ref for _, ref in pushing], "weight push")
 
-    def push_via_broadcast(self) -> None:
+    def push_via_broadcast(self, full: bool = False) -> None:
         """Needs the group that `start` forms when `ray.weight_sync = "broadcast"`."""
-        sent = self.learner.actor.broadcast_weights.remote()
-        received = [w.actor.receive_weights.remote(self.learner.version) for w in self.workers]
+        sent = self.learner.actor.broadcast_weights.remote(full)
+        version = self.learner.version
+        received = [w.actor.receive_weights.remote(version, full) for w in self.workers]
         self.learner.wait(sent)
         get([sent, *received], "weight push")
 

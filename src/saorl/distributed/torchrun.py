@@ -85,6 +85,10 @@ class LeaderLearner:
         self._replica_version = self._learner.version
         return state
 
+    def push_state(self, full: bool = False) -> dict[str, torch.Tensor]:
+        """`policy_state()`: a sharded learner has no LoRA adapters (a config error)."""
+        return self.policy_state()
+
     def agree_stop(self, signum: int) -> int:
         """The signal any rank got (0: none), the same on every rank (`saorl.signals`)."""
         _announce("agree_stop")

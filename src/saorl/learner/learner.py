@@ -69,7 +69,7 @@ from saorl.learner.sft import supervised_warmup
 from saorl.learner.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
 from saorl.models.loading import adamw, compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
-from saorl.models.lora import add_lora, merged_state, save_adapter
+from saorl.models.lora import add_lora, merged_state, push_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
 from saorl.monitoring.samples import row_advantages, samples_due
 from saorl.types import Batch
@@ -286,6 +286,13 @@ class Learner(PolicyUpdate):
         """The policy weights to push to the engines (detached; on this learner's device in one
         process, gathered onto rank 0's CPU when sharded, `{}` on the other ranks); LoRA merged."""
         return merged_state(self.sharding.full_state(self.policy), self.policy)
+
+    def push_state(self, full: bool = False) -> dict[str, torch.Tensor]:
+        """What a weight push sends (`saorl.models.lora.push_state`): `policy_state()`, or with
+        LoRA adapters and `model.lora_push = "adapter"` the adapters only (`full`: the whole
+        unmerged state, for an engine without the base weights)."""
+        state = self.sharding.full_state(self.policy)
+        return push_state(state, self.policy, self.cfg.model.lora_push, full)
 
     def reset_critic_from_policy(self) -> None:
         """Critic <- the current policy's backbone and a zero value head; a fresh optimizer.

@@ -6,8 +6,11 @@ output head work as for full fine-tuning, every base weight has `requires_grad=F
 the policy optimizer holds the adapters only. `critic.lora_rank` does the same to the critic's
 backbone (the value head always trains). Decisions (docs/lora.md):
 
-- Engines load merged weights `W + (lora_alpha / lora_rank) * B @ A` (`merge_lora`), so the
-  HF engine and vLLM run a plain model; the push path is the one full fine-tuning uses.
+- Engines sample from merged weights `W + (lora_alpha / lora_rank) * B @ A` (`merge_lora`).
+  With `model.lora_push = "adapter"` (default) a push sends the adapters only (`push_state`):
+  an engine gets the base weights once, when it is built or with its first push, and the HF
+  engine merges each pushed adapter into its plain copy itself (`AdapterMerger`), vLLM serves
+  it through its LoRA support; `"merged"` pushes the whole merged model as full fine-tuning does.
 - Targets must be linear layers, whose merge is exactly that formula (peft's `all-linear`
   leaves the output head out).
 - The supervised warm-up (`learner.sft_steps`, the built-in tasks' random-init models) trains
@@ -112,6 +115,55 @@ def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.
             key = f"{prefix}.{name}"
         out[key] = value
     return out
+
+
+def is_adapter_key(key: str) -> bool:
+    """Whether `key` names a LoRA adapter tensor (`...lora_A.default.weight` or B)."""
+    return key.endswith((_A, _B))
+
+
+def push_state(state: dict[str, torch.Tensor], module: nn.Module, how: str, full: bool) -> dict:
+    """What a weight push sends of `module`'s `state`: without adapters, or with
+    `how = "merged"`, the merged plain state; otherwise (`"adapter"`) the adapter tensors only,
+    or with `full` the whole unmerged state (base and adapters, for an engine that lacks the
+    base: a new Ray rollout actor)."""
+    if how == "merged" or not has_lora(module):
+        return merged_state(state, module)
+    return state if full else {k: v for k, v in state.items() if is_adapter_key(k)}
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    """Bytes of the tensors of `state` (what a push moves)."""
+    return sum(v.numel() * v.element_size() for v in state.values())
+
+
+class AdapterMerger:
+    """An engine's plain copy of a LoRA model, kept merged as pushed adapters arrive.
+
+    Holds the base weights of the adapted layers (a copy beside the merged ones: the price of
+    exact merges, `W + scale * B @ A` from the base each time, rather than accumulating deltas
+    in the engine's dtype). `merge(state)` turns a pushed LoRA-layout state (adapters only, or
+    the whole unmerged state whose base weights replace the held ones) into the plain tensors to
+    load: bit-identical to merging on the learner (`merge_lora`)."""
+
+    def __init__(self, module: nn.Module, device: torch.device) -> None:
+        scale = lora_scale(module)
+        assert scale is not None, "AdapterMerger needs a module with LoRA adapters"
+        self.scale = scale
+        state = module.state_dict()
+        self.adapter_keys = {k for k in state if is_adapter_key(k)}
+        self.bases = {
+            f"{k.removesuffix(_A)}{_BASE}weight": state[f"{k.removesuffix(_A)}{_BASE}weight"]
+            .detach()
+            .to(device, copy=True)
+            for k in self.adapter_keys
+            if k.endswith(_A)
+        }
+
+    def merge(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        for key in self.bases.keys() & state.keys():  # a full push: the base it brings
+            self.bases[key] = state[key].to(self.bases[key].device, copy=True)
+        return merge_lora({**self.bases, **state}, self.scale)
 
 
 def merged_state(state: dict[str, torch.Tensor], module: nn.Module) -> dict[str, torch.Tensor]:

@@ -46,6 +46,7 @@ def build_engine(
             kv_cache=rc.kv_cache,
             copy_model=not share_model,
             record_routing=cfg.algorithm.routing_replay,
+            lora_adapter=cfg.model.lora_push == "adapter",
         )
     elif rc.engine == "vllm":
         from saorl.rollout.vllm_engine import VLLMEngine
@@ -66,5 +67,6 @@ def build_engine(
             recompute_kv=rc.vllm_recompute_kv_on_update,
             record_routing=cfg.algorithm.routing_replay,
             trust_remote_code=cfg.model.trust_remote_code,
+            lora_adapter=cfg.model.lora_push == "adapter",
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")

@@ -42,8 +42,13 @@ With `record_routing` (MoE policies, `algorithm.routing_replay`) every forward a
 experts each router chose per token (`saorl.models.routing.RoutingRecorder`): a prefill records
 every position of its rows (replacing what earlier forwards recorded, as it re-routes them), a
 decoding step the one position it feeds. The record stays on the device until the sequence
-finishes and comes back with its completion. A policy with LoRA adapters is copied with the
-adapters merged (`saorl.models.lora.merged_copy`), so pushes of merged weights fit it.
+finishes and comes back with its completion.
+
+A policy with LoRA adapters is copied with the adapters merged (`saorl.models.lora.merged_copy`):
+decoding runs the plain model (unmerged adapters cost 40-75 % more time per token on CPU). A push
+may then be merged weights, or a LoRA-layout state, adapters only (`model.lora_push =
+"adapter"`) or base and adapters: the engine keeps the base weights of the adapted layers and
+merges the pushed adapters into its copy when it loads them (`saorl.models.lora.AdapterMerger`).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
-from saorl.models.lora import has_lora, merged_copy
+from saorl.models.lora import AdapterMerger, has_lora, is_adapter_key, merged_copy
 from saorl.models.routing import RoutingRecorder
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 from saorl.rollout.kv_slots import SlotCache
@@ -90,6 +95,8 @@ class HFEngine:
 
     By default the engine owns a private copy of `model` (the learner trains its own); pass
     `copy_model=False` to sample from `model` itself, e.g. for evaluation in the learner thread.
+    `lora_adapter=False`: a LoRA `model`'s pushes will be merged weights (`model.lora_push`), so
+    no copy of its base is kept for adapter pushes.
     """
 
     def __init__(
@@ -106,9 +113,15 @@ class HFEngine:
         copy_model: bool = True,
         kv_cache: bool = True,
         record_routing: bool = False,
+        lora_adapter: bool = True,
     ) -> None:
-        if copy_model:
-            self.model = merged_copy(model) if has_lora(model) else copy.deepcopy(model)
+        self._merger: AdapterMerger | None = None
+        if copy_model and has_lora(model):
+            self.model = merged_copy(model)
+            if lora_adapter:  # adapter pushes will come: keep the base to merge them onto
+                self._merger = AdapterMerger(model, next(model.parameters()).device)
+        elif copy_model:
+            self.model = copy.deepcopy(model)
         else:
             self.model = model
         if copy_model:
@@ -183,29 +196,52 @@ class HFEngine:
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         """Queue `state` to load at the next step boundary; returns without waiting for a step.
 
-        The tensors are copied here, so the caller may go on changing its own in place.
-        A newer update replaces one that is still queued (only the newest weights matter).
+        `state` holds the engine's plain keys (full or merged weights), or, for an engine built
+        from a LoRA policy, its LoRA layout: every adapter tensor, alone or with the rest of the
+        unmerged state. The tensors are copied here, so the caller may go on changing its own in
+        place. A newer update is laid over one still queued (the newest value of each tensor
+        wins, and the base weights a queued full push brings are kept); an older one arriving
+        late only fills what the queued one lacks.
         """
-        unexpected = sorted(set(state) - self._keys)
-        missing = sorted(k for k in self._keys - set(state) if not k.endswith("lm_head.weight"))
-        if unexpected or missing:
+        self._check_keys(state)
+        with torch.no_grad():
+            snapshot = {k: v.detach().clone() for k, v in state.items()}
+        with self._pending_lock:
+            if self._pending is None:
+                self._pending = (snapshot, version)
+            elif version >= self._pending[1]:
+                self._pending = ({**self._pending[0], **snapshot}, version)
+            else:
+                self._pending = ({**snapshot, **self._pending[0]}, self._pending[1])
+
+    def _check_keys(self, state: dict[str, Any]) -> None:
+        adapters = {k for k in state if is_adapter_key(k)}
+        rest = {k.replace(".base_layer.", ".") for k in state if k not in adapters}
+        if adapters and self._merger is None:
+            raise ValueError(
+                "weight update: LoRA adapters pushed to an engine built from a model without "
+                f"them ({sorted(adapters)[:2]})"
+            )
+        if adapters and adapters != self._merger.adapter_keys:  # type: ignore[union-attr]
+            raise ValueError("weight update: the pushed adapters are not the engine's")
+        unexpected = sorted(rest - self._keys)
+        missing = sorted(k for k in self._keys - rest if not k.endswith("lm_head.weight"))
+        if unexpected or (missing and not (adapters and not rest)):  # adapters alone: no base
             raise ValueError(
                 f"weight update does not match the engine's model: missing={missing[:5]}, "
                 f"unexpected={unexpected[:5]}"
             )
-        with torch.no_grad():
-            snapshot = {k: v.detach().clone() for k, v in state.items()}
-        with self._pending_lock:
-            if self._pending is None or version >= self._pending[1]:
-                self._pending = (snapshot, version)
 
     def _apply_pending_weights(self) -> None:
         with self._pending_lock:
             pending, self._pending = self._pending, None
         if pending is None:
             return
+        state = pending[0]
         with torch.no_grad():
-            self.model.load_state_dict(pending[0], strict=False)
+            if self._merger is not None and any(is_adapter_key(k) for k in state):
+                state = self._merger.merge(state)  # LoRA layout -> the plain model's tensors
+            self.model.load_state_dict(state, strict=False)
         self.version = pending[1]
         self._drop_cache()  # keys/values of the old weights: re-prefill under the new ones
 

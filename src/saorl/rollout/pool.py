@@ -25,6 +25,7 @@ from torch import nn
 from saorl.config import Config
 from saorl.envs.base import EnvSpec
 from saorl.interfaces import Collected, PoolStats
+from saorl.models.lora import state_bytes
 from saorl.rollout.collector import BatchCollector
 from saorl.rollout.factory import build_engine
 from saorl.rollout.resume import restore_rollouts, snapshot_rollouts
@@ -43,8 +44,9 @@ class PolicySource(Protocol):
     @property
     def version(self) -> int: ...
 
-    def policy_state(self) -> dict[str, torch.Tensor]:
-        """The current policy weights, for a push."""
+    def push_state(self, full: bool = False) -> dict[str, torch.Tensor]:
+        """What a push sends: the current policy weights, or a LoRA policy's adapters
+        (`saorl.learner.learner.Learner.push_state`)."""
         ...
 
 
@@ -115,10 +117,13 @@ class WorkerPool:
         self._since_collect = time.perf_counter()
         return Collected(trajs, dropped, waited, group_waits, self.collector.recent_failed)
 
-    def update_weights(self) -> None:
-        state = self.learner.policy_state()
+    def update_weights(self) -> int:
+        """Push to every engine; the bytes one engine receives. Engines here were copied from
+        the learner's policy, so a LoRA policy's pushes are its adapters alone."""
+        state = self.learner.push_state()
         for w in self.workers:
             w.engine.update_weights(state, self.learner.version)
+        return state_bytes(state)
 
     def snapshot(self) -> dict[str, Any]:
         return snapshot_rollouts(self.workers, self.feed, self.out, self.collector.partial)

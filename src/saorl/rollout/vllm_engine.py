@@ -19,7 +19,8 @@ How it is wired, and why:
   runs vLLM's in-place reload (`collective_rpc("reload_weights")`): it maps Hugging Face names
   (q/k/v -> qkv_proj, tied lm_head) and re-runs post-load processing (CPU GEMM prepacking,
   quantization), copying into the original storages (vLLM does so to keep CUDA graphs valid;
-  only the eager CPU path is tested here).
+  only the eager CPU path is tested here). A LoRA policy's pushes are its adapter alone, served
+  through vLLM's LoRA support (`saorl.rollout.vllm_lora`).
 - **In-flight requests across an update** keep their tokens and continue under the new weights.
   With `recompute_kv` (default, as the HF engine does) they are preempted and re-prefilled, so
   a token labelled version v was sampled from exactly policy v given its whole prefix; without
@@ -51,10 +52,12 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from saorl.models.lora import merged_state
+from saorl.models.lora import has_lora, merged_state
 from saorl.models.routing import routers_or_error
 from saorl.rollout import vllm_moe
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
+from saorl.rollout.vllm_lora import VLLMAdapter, split_push
+from saorl.rollout.vllm_outputs import finish_reason, sampled_logprobs, stop_string_hit
 
 INSTALL_HINT = (
     "rollout.engine = 'vllm' needs vLLM: `pip install -e '.[vllm]'` on a CUDA machine, or "
@@ -89,45 +92,6 @@ def choose_logprobs_mode(temperature: float, top_p: float) -> str:
 def request_seed(engine_seed: int, counter: int) -> int:
     """A per-request sampling seed: distinct per engine and request, in [0, 2**63)."""
     return (engine_seed * 1_000_003 + counter * 7_919 + 1) % (2**63)
-
-
-def sampled_logprobs(token_ids: Sequence[int], positions: Sequence[Any]) -> list[float]:
-    """The log-prob of each sampled token from vLLM's per-position `{token_id: Logprob}` maps.
-
-    With `SamplingParams(logprobs=0)` each position holds the sampled token (and nothing else).
-    """
-    if len(positions) != len(token_ids):
-        raise RuntimeError(
-            f"vLLM returned {len(positions)} log-probs for {len(token_ids)} tokens; "
-            "SamplingParams(logprobs=0) should give one per token"
-        )
-    return [float(pos[tok].logprob) for pos, tok in zip(positions, token_ids, strict=True)]
-
-
-def finish_reason(vllm_reason: str | None, last_token: int | None, eos_id: int | None) -> str:
-    """Map vLLM's `finish_reason` ('stop', 'length', 'abort') to the engine protocol's."""
-    if vllm_reason == "length":
-        return "length"
-    if vllm_reason == "abort":
-        return "aborted"
-    if vllm_reason == "stop" and last_token is not None and last_token == eos_id:
-        return "eos"
-    if vllm_reason == "stop":
-        return "stop"
-    raise RuntimeError(f"vLLM finished a request with an unknown reason {vllm_reason!r}")
-
-
-def stop_string_hit(tokenizer: Any, tokens: list[int], stop: list[str]) -> bool:
-    """Whether the last token completed one of `stop` (the HF engine's rule).
-
-    A stop string can end inside a multi-character token: look for one that appears in the
-    decoded tail now but did not before the last token was added.
-    """
-    if not stop or not tokens:
-        return False
-    tail = tokenizer.decode(tokens[-32:])
-    before = tokenizer.decode(tokens[-32:-1])
-    return any(s in tail and s not in before for s in stop)
 
 
 @dataclass
@@ -176,8 +140,10 @@ class VLLMEngine:
         recompute_kv: bool = True,
         workdir: Path | None = None,
         routing: vllm_moe.VLLMRoutingRecorder | None = None,
+        adapter: VLLMAdapter | None = None,
     ) -> None:
         self._llm = llm
+        self._adapter = adapter  # a LoRA policy's adapter, served by vLLM (vllm_lora)
         self._routing = routing
         self._moe_layers: list = []  # CPU expert layers to repack after a push
         self.tokenizer = tokenizer
@@ -219,9 +185,11 @@ class VLLMEngine:
         recompute_kv: bool = True,
         record_routing: bool = False,
         trust_remote_code: bool = False,
+        lora_adapter: bool = True,
     ) -> VLLMEngine:
         """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
-        `record_routing`: completions carry the MoE routing (`saorl.rollout.vllm_moe`)."""
+        `record_routing`: completions carry the MoE routing (`saorl.rollout.vllm_moe`);
+        `lora_adapter`: a LoRA policy's adapter served by vLLM's LoRA support, else merged."""
         mode = choose_logprobs_mode(temperature, top_p)
         if record_routing:
             moe_layers = len(routers_or_error(policy, "algorithm.routing_replay"))
@@ -234,6 +202,7 @@ class VLLMEngine:
         config["architectures"] = [type(policy).__name__]
         type(policy.config).from_dict(config).save_pretrained(str(workdir))
         try:
+            adapter = VLLMAdapter(policy, workdir) if lora_adapter and has_lora(policy) else None
             llm, make_params, make_prompt = build_llm(
                 workdir, max_seq_len=max_seq_len, temperature=temperature, top_p=top_p,
                 max_concurrent=max_concurrent, seed=seed, dtype=dtype, logprobs_mode=mode,
@@ -241,6 +210,7 @@ class VLLMEngine:
                 enforce_eager=enforce_eager, prefix_caching=recompute_kv,
                 eos_id=tokenizer.eos_token_id, read_prefix_cache=not record_routing,
                 trust_remote_code=trust_remote_code,
+                lora_args=adapter.engine_args() if adapter else None,
             )  # fmt: skip
             recorder = None
             if record_routing:
@@ -252,9 +222,11 @@ class VLLMEngine:
             llm, tokenizer, make_params=make_params, make_prompt=make_prompt,
             max_seq_len=max_seq_len, max_concurrent=max_concurrent, seed=seed,
             version=version, recompute_kv=recompute_kv, workdir=workdir, routing=recorder,
+            adapter=adapter,
         )  # fmt: skip
         engine._moe_layers = vllm_moe.cpu_expert_layers(llm)
-        engine.update_weights(merged_state(policy.state_dict(), policy), version)  # LoRA: merged
+        state = policy.state_dict()  # with an adapter: base and adapter, unmerged
+        engine.update_weights(state if adapter else merged_state(state, policy), version)
         return engine
 
     def _same_threads_here(self) -> None:
@@ -286,7 +258,8 @@ class VLLMEngine:
                 greedy=request.greedy,
                 seed=request_seed(self.seed, self._counter),
             )
-            self._llm.add_request(rid, self._make_prompt(list(request.prompt_ids)), params)
+            lora = {"lora_request": self._adapter.request} if self._adapter else {}
+            self._llm.add_request(rid, self._make_prompt(list(request.prompt_ids)), params, **lora)
             self._running[rid] = _Running(request)
 
     def num_unfinished(self) -> int:
@@ -339,24 +312,28 @@ class VLLMEngine:
         """Load `state` (Hugging Face names) in place between two decoding steps.
 
         Blocks for at most one step (the lock) and copies straight into vLLM's parameters, so no
-        snapshot of the state is kept. Running requests continue under the new weights.
+        snapshot of the state is kept. Running requests continue under the new weights. With an
+        adapter, `state` is the LoRA layout: the adapter tensors, alone or with the base.
         """
+        state, adapters = split_push(state, self._adapter)
         keys = {k for k in state if not k.endswith("lm_head.weight")}  # tied heads may lack it
         if self._keys is None:
             self._keys = keys
-        elif keys != self._keys:
+        elif keys != self._keys and state:  # (an adapter alone leaves the base as it is)
             missing, unexpected = sorted(self._keys - keys), sorted(keys - self._keys)
             raise ValueError(
                 f"weight update does not match the engine's model: missing={missing[:5]}, "
                 f"unexpected={unexpected[:5]}"
             )
-        items = [(k, v.detach()) for k, v in state.items()]
         with self._lock:
             self._same_threads_here()
-            self._llm.collective_rpc(
-                "reload_weights", kwargs={"weights_iterator": items, "is_checkpoint_format": True}
-            )
-            vllm_moe.repack_cpu_experts(self._moe_layers, state)
+            if state:
+                items = [(k, v.detach()) for k, v in state.items()]
+                kwargs = {"weights_iterator": items, "is_checkpoint_format": True}
+                self._llm.collective_rpc("reload_weights", kwargs=kwargs)
+                vllm_moe.repack_cpu_experts(self._moe_layers, state)
+            if adapters:  # after the base: vLLM drops its adapters when base weights reload
+                self._adapter.load(self._llm, adapters)  # type: ignore[union-attr]
             self._llm.set_weight_version(str(version))
             if self.recompute_kv:
                 # Preempt the running requests: they re-prefill (prompt + tokens so far) under
@@ -420,8 +397,10 @@ def build_llm(
     eos_id: int | None,
     read_prefix_cache: bool = True,
     trust_remote_code: bool = False,
+    lora_args: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, Any]:
-    """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders."""
+    """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders; `lora_args`:
+    the `EngineArgs` fields that enable LoRA (`VLLMAdapter.engine_args`)."""
     # Read by vLLM when it builds its config: run the engine core in this process.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
@@ -451,6 +430,7 @@ def build_llm(
         async_scheduling=False,  # a scheduled-ahead step would sample under the old weights
         distributed_executor_backend="uni",
         disable_log_stats=True,
+        **(lora_args or {}),
     )
 
     def build() -> Any:

@@ -1,0 +1,46 @@
+"""What the vLLM engine reads from vLLM's outputs: sampled log-probs, finish reasons, stop
+strings (`saorl.rollout.vllm_engine` says how the engine is wired)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def sampled_logprobs(token_ids: Sequence[int], positions: Sequence[Any]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position `{token_id: Logprob}` maps.
+
+    With `SamplingParams(logprobs=0)` each position holds the sampled token (and nothing else).
+    """
+    if len(positions) != len(token_ids):
+        raise RuntimeError(
+            f"vLLM returned {len(positions)} log-probs for {len(token_ids)} tokens; "
+            "SamplingParams(logprobs=0) should give one per token"
+        )
+    return [float(pos[tok].logprob) for pos, tok in zip(positions, token_ids, strict=True)]
+
+
+def finish_reason(vllm_reason: str | None, last_token: int | None, eos_id: int | None) -> str:
+    """Map vLLM's `finish_reason` ('stop', 'length', 'abort') to the engine protocol's."""
+    if vllm_reason == "length":
+        return "length"
+    if vllm_reason == "abort":
+        return "aborted"
+    if vllm_reason == "stop" and last_token is not None and last_token == eos_id:
+        return "eos"
+    if vllm_reason == "stop":
+        return "stop"
+    raise RuntimeError(f"vLLM finished a request with an unknown reason {vllm_reason!r}")
+
+
+def stop_string_hit(tokenizer: Any, tokens: list[int], stop: list[str]) -> bool:
+    """Whether the last token completed one of `stop` (the HF engine's rule).
+
+    A stop string can end inside a multi-character token: look for one that appears in the
+    decoded tail now but did not before the last token was added.
+    """
+    if not stop or not tokens:
+        return False
+    tail = tokenizer.decode(tokens[-32:])
+    before = tokenizer.decode(tokens[-32:-1])
+    return any(s in tail and s not in before for s in stop)
