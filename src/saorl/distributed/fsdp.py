@@ -117,8 +117,11 @@ class FSDPSharding(Sharding):
         # gloo reduces CPU tensors, nccl device tensors.
         dev = torch.device("cpu") if dist.get_backend(self.group) == "gloo" else self.device
         out: dict[str, float] = {}
-        for d, op in ((m.sums, dist.ReduceOp.SUM), (m.mins, dist.ReduceOp.MIN),
-                      (m.maxs, dist.ReduceOp.MAX)):  # fmt: skip
+        for d, op in (
+            (m.sums, dist.ReduceOp.SUM),
+            (m.mins, dist.ReduceOp.MIN),
+            (m.maxs, dist.ReduceOp.MAX),
+        ):
             if d:
                 keys = sorted(d)
                 t = torch.stack([d[k].to(dev, torch.float64) for k in keys])
@@ -212,9 +215,11 @@ def full_optimizer_state(module: nn.Module, opt: torch.optim.Optimizer) -> dict[
 
 
 def load_full_state(
-    module: nn.Module, state: dict[str, Any], opt: torch.optim.Optimizer | None = None,
+    module: nn.Module,
+    state: dict[str, Any],
+    opt: torch.optim.Optimizer | None = None,
     opt_state: dict[str, Any] | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Load full state dicts held by rank 0 (other ranks pass `{}`) into the sharded modules."""
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,

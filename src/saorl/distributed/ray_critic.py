@@ -143,8 +143,9 @@ def join_critic_group(
     from saorl.distributed.fsdp import FSDPSharding
 
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
-                            world_size=world)  # fmt: skip
+    dist.init_process_group(
+        backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world
+    )
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
     return device, FSDPSharding(cfg.learner.mixed_precision, device)

@@ -80,8 +80,9 @@ def init_ray(cfg: Config) -> bool:
         ray.init(address=cfg.ray.address)
     else:
         # "local": a new Ray even if this machine runs one (joining is what address is for).
-        ray.init(address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(),
-                 include_dashboard=False)  # fmt: skip
+        ray.init(
+            address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), include_dashboard=False
+        )
     return True
 
 
@@ -147,11 +148,14 @@ class RayLearner:
                 learner_at, critic_setup = self._start_critics()
             self.learner_actors = [
                 ray.remote(LearnerActor)
-                .options(num_cpus=rc.learner_num_cpus, num_gpus=rc.learner_num_gpus,
-                         **(self._learner_placement(r) if learner_at is None else learner_at))
+                .options(
+                    num_cpus=rc.learner_num_cpus,
+                    num_gpus=rc.learner_num_gpus,
+                    **(self._learner_placement(r) if learner_at is None else learner_at),
+                )
                 .remote(cfg, os.getcwd(), self.critic_actors)
                 for r in range(n)
-            ]  # fmt: skip
+            ]
             self.actor = self.learner_actors[0]
             host, port = get(self.actor.address.remote(), "learner", rc.start_timeout_s)
             ranks = [a.setup.remote(r, n, host, port) for r, a in enumerate(self.learner_actors)]
@@ -180,10 +184,12 @@ class RayLearner:
         ]
         host, port = "", 0
         if n > 1:
-            host, port = get(self.critic_actors[0].address.remote(), "critic rank 0",
-                             rc.start_timeout_s)  # fmt: skip
-        return learner_at, [c.setup.remote(r, n, host, port)
-                            for r, c in enumerate(self.critic_actors)]  # fmt: skip
+            host, port = get(
+                self.critic_actors[0].address.remote(), "critic rank 0", rc.start_timeout_s
+            )
+        return learner_at, [
+            c.setup.remote(r, n, host, port) for r, c in enumerate(self.critic_actors)
+        ]
 
     def _placement_group(self, bundles: list[dict[str, float]], strategy: str, role: str) -> Any:
         pg = ray_module().util.placement_group(bundles, strategy)
@@ -201,8 +207,9 @@ class RayLearner:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         if self._learners_pg is None:
-            self._learners_pg = self._placement_group([bundle] * rc.learner_ranks, "STRICT_PACK",
-                                                      "learner placement group")  # fmt: skip
+            self._learners_pg = self._placement_group(
+                [bundle] * rc.learner_ranks, "STRICT_PACK", "learner placement group"
+            )
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(self._learners_pg, rank)}
 
     def _critic_placement(self) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -227,8 +234,9 @@ class RayLearner:
                 "for both the learner and the critic actors (ray.learner_num_* / critic_num_*)"
             )
         strategy = "STRICT_PACK" if rc.critic_placement == "beside" else "STRICT_SPREAD"
-        pg = self._placement_group([learner, critic], strategy,
-                                   "learner and critic placement group")  # fmt: skip
+        pg = self._placement_group(
+            [learner, critic], strategy, "learner and critic placement group"
+        )
         return tuple(  # type: ignore[return-value]
             {"scheduling_strategy": PlacementGroupSchedulingStrategy(pg, i)} for i in (0, 1)
         )

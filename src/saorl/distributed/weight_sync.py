@@ -24,8 +24,10 @@ WeightMeta = list[tuple[str, tuple[int, ...], str]]
 
 def weight_meta(state: dict[str, torch.Tensor]) -> WeightMeta:
     """`(name, shape, dtype name)` of every tensor of `state`, sorted by name."""
-    return [(k, tuple(state[k].shape), str(state[k].dtype).removeprefix("torch.")) for k in
-            sorted(state)]  # fmt: skip
+    return [
+        (k, tuple(state[k].shape), str(state[k].dtype).removeprefix("torch."))
+        for k in sorted(state)
+    ]
 
 
 def node_ip() -> str:

@@ -131,12 +131,17 @@ def arm_components(cfg: Config) -> dict[str, str]:
     """What an arm is, from its resolved config: one short text per column of `COMPONENTS`."""
     a, c = cfg.algorithm, cfg.critic
     if a.advantage == "gae":
-        lam = (f"adaptive lambda, alpha {a.lambda_alpha:g}" if a.lambda_mode == "adaptive"
-               else f"fixed lambda {a.lambda_policy:g}")  # fmt: skip
+        lam = (
+            f"adaptive lambda, alpha {a.lambda_alpha:g}"
+            if a.lambda_mode == "adaptive"
+            else f"fixed lambda {a.lambda_policy:g}"
+        )
         advantage = f"gae ({lam}; critic lambda {a.lambda_critic:g})"
         frozen = "attention frozen" if c.freeze == "attention" else "all trains"
-        critic = (f"lr {c.lr / cfg.learner.lr:g}x policy, K={c.updates_per_step}, {frozen}, "
-                  f"{c.warmup_steps} warm-up steps")  # fmt: skip
+        critic = (
+            f"lr {c.lr / cfg.learner.lr:g}x policy, K={c.updates_per_step}, {frozen}, "
+            f"{c.warmup_steps} warm-up steps"
+        )
     else:
         advantage = "group ((R - mean) / std within the group)"
         if a.advantage == "running_mean":

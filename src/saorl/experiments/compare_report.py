@@ -31,15 +31,39 @@ SUMMARY_FILE = "summary.json"
 FAILED_FILE = "failed.json"
 MANIFEST_FILE = "compare.json"
 COLUMNS = (
-    "arm", "seed", "status", "initial_eval_accuracy", "final_eval_accuracy",
-    "best_eval_accuracy", "best_eval_step", "collapse_step", "collapse_reason", "steps",
-    "policy_updates", "wall_seconds", "staleness_mean", "dropped_stale", "error", "overrides",
-)  # fmt: skip
+    "arm",
+    "seed",
+    "status",
+    "initial_eval_accuracy",
+    "final_eval_accuracy",
+    "best_eval_accuracy",
+    "best_eval_step",
+    "collapse_step",
+    "collapse_reason",
+    "steps",
+    "policy_updates",
+    "wall_seconds",
+    "staleness_mean",
+    "dropped_stale",
+    "error",
+    "overrides",
+)
 ARM_COLUMNS = (
-    "arm", "runs", "done", "final_mean", "final_std", "final_min", "final_max",
-    "initial_mean", "best_mean", "collapsed_frac", "collapse_step_median", "wall_seconds_mean",
-    "policy_updates", *COMPONENTS,
-)  # fmt: skip
+    "arm",
+    "runs",
+    "done",
+    "final_mean",
+    "final_std",
+    "final_min",
+    "final_max",
+    "initial_mean",
+    "best_mean",
+    "collapsed_frac",
+    "collapse_step_median",
+    "wall_seconds_mean",
+    "policy_updates",
+    *COMPONENTS,
+)
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
 
@@ -151,8 +175,11 @@ def aggregate(name: str, table: list[dict[str, Any]]) -> dict[str, Any]:
         out["final_mean"] = statistics.fmean(finals)
         out["final_std"] = statistics.stdev(finals) if len(finals) > 1 else 0.0
         out["final_min"], out["final_max"] = min(finals), max(finals)
-    for key, col in (("initial_mean", "initial_eval_accuracy"), ("best_mean", "best_eval_accuracy"),
-                     ("wall_seconds_mean", "wall_seconds")):  # fmt: skip
+    for key, col in (
+        ("initial_mean", "initial_eval_accuracy"),
+        ("best_mean", "best_eval_accuracy"),
+        ("wall_seconds_mean", "wall_seconds"),
+    ):
         values = [r[col] for r in runs if isinstance(r.get(col), int | float)]
         out[key] = statistics.fmean(values) if values else None
     out["collapsed_frac"] = len(hits) / len(judged) if judged else None
@@ -250,8 +277,13 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str], out_dir: Path) ->
     return parts
 
 
-def _html(out_dir: Path, table: list[dict[str, Any]], arms: list[dict[str, Any]], png: Path,
-          manifest: dict[str, Any]) -> str:  # fmt: skip
+def _html(
+    out_dir: Path,
+    table: list[dict[str, Any]],
+    arms: list[dict[str, Any]],
+    png: Path,
+    manifest: dict[str, Any],
+) -> str:
     title = f"saorl compare: {html.escape(out_dir.resolve().name)}"
     parts = [f"<!doctype html>\n<html><head><meta charset='utf-8'><title>{title}</title>"]
     parts.append(f"<style>{_STYLE}</style></head><body>\n<h1>{title}</h1>")
@@ -348,8 +380,9 @@ def write_compare_report(
     if any(len(r) > 1 for r in runs.values()):
         plot_compare_seeds(runs, png, title, collapses)
     else:
-        plot_compare({k: v[0] for k, v in runs.items()}, png, title,
-                     {k: v[0] for k, v in collapses.items()})  # fmt: skip
+        plot_compare(
+            {k: v[0] for k, v in runs.items()}, png, title, {k: v[0] for k, v in collapses.items()}
+        )
     _write_csv(out_dir / "summary.csv", table, COLUMNS)
     _write_csv(out_dir / "arms.csv", arm_rows, ARM_COLUMNS)
     (out_dir / "arms.txt").write_text(arms_text(arm_rows), encoding="utf-8")

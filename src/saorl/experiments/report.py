@@ -257,8 +257,14 @@ def plot_compare(
             style = {"color": colors[label], "linestyle": _LINESTYLES[j % len(_LINESTYLES)]}
             marker = panel.markers or len(values) == 1
             width = 1.3 if panel.smooth else 1.1
-            ax.plot(steps, _smoothed(panel, values), marker="o" if marker else None,
-                    markersize=3.5, linewidth=width, **style)  # fmt: skip
+            ax.plot(
+                steps,
+                _smoothed(panel, values),
+                marker="o" if marker else None,
+                markersize=3.5,
+                linewidth=width,
+                **style,
+            )
         for label in runs:
             hit = collapses.get(label)
             if hit is not None:
@@ -376,8 +382,11 @@ def plot_compare_seeds(
     colors = {label: cmap(i % cmap.N) for i, label in enumerate(runs)}
     panels = []
     for panel in _COMPARE_PANELS:
-        lines = [(label, j, *seed_bands(seeds, key, panel)) for label, seeds in runs.items()
-                 for j, key in enumerate(panel.keys)]  # fmt: skip
+        lines = [
+            (label, j, *seed_bands(seeds, key, panel))
+            for label, seeds in runs.items()
+            for j, key in enumerate(panel.keys)
+        ]
         lines = [line for line in lines if line[2]]
         if lines:
             panels.append((panel, lines))
@@ -397,8 +406,15 @@ def plot_compare_seeds(
         for label, j, steps, mean, low, high in lines:
             color, style = colors[label], _LINESTYLES[j % len(_LINESTYLES)]
             marker = "o" if panel.markers or len(steps) == 1 else None
-            ax.plot(steps, mean, color=color, linestyle=style, marker=marker, markersize=3.5,
-                    linewidth=1.3)  # fmt: skip
+            ax.plot(
+                steps,
+                mean,
+                color=color,
+                linestyle=style,
+                marker=marker,
+                markersize=3.5,
+                linewidth=1.3,
+            )
             ax.fill_between(steps, low, high, color=color, alpha=0.15, linewidth=0)
         for label, step in medians.items():
             if step is not None:

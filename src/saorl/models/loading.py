@@ -60,8 +60,12 @@ def build_tiny_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase) -> to
             f"model.num_heads={cfg.num_heads}"
         )
     moe = cfg.arch == "qwen3_moe"
-    extra = dict(num_experts=cfg.num_experts, num_experts_per_tok=cfg.num_experts_per_tok,
-                 moe_intermediate_size=cfg.intermediate_size, norm_topk_prob=True)  # fmt: skip
+    extra = dict(
+        num_experts=cfg.num_experts,
+        num_experts_per_tok=cfg.num_experts_per_tok,
+        moe_intermediate_size=cfg.intermediate_size,
+        norm_topk_prob=True,
+    )
     config = (Qwen3MoeConfig if moe else Qwen3Config)(
         **(extra if moe else {}),
         vocab_size=len(tokenizer),

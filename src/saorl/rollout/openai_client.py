@@ -127,8 +127,13 @@ def chat_episode(
         schemas = list(getattr(env, "tools", None) or [])
         turns, tool_calls, reward, texts, info = 0, 0, 0.0, [], {}
         while True:
-            body = {"model": model, "messages": messages, "temperature": temperature,
-                    "top_p": top_p, "max_tokens": max_tokens}  # fmt: skip
+            body = {
+                "model": model,
+                "messages": messages,
+                "temperature": temperature,
+                "top_p": top_p,
+                "max_tokens": max_tokens,
+            }
             if stop:
                 body["stop"] = list(stop)
             if schemas:

@@ -54,10 +54,20 @@ def add_parsers(commands: Any) -> None:
     mine.add_argument("--repo", default="", help="the rows' repo name (default: CHECKOUT's name)")
     mine.add_argument("--rev", default="HEAD", help="revision or range to walk (default HEAD)")
     mine.add_argument("--since", default="", metavar="DATE", help="only commits after DATE")
-    mine.add_argument("--max-commits", type=int, default=0, metavar="N",
-                      help="examine at most the N newest commits (default: all)")  # fmt: skip
-    mine.add_argument("--jobs", type=int, default=0, metavar="N",
-                      help="commits mined in parallel (default: min(cores, 2))")  # fmt: skip
+    mine.add_argument(
+        "--max-commits",
+        type=int,
+        default=0,
+        metavar="N",
+        help="examine at most the N newest commits (default: all)",
+    )
+    mine.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="commits mined in parallel (default: min(cores, 2))",
+    )
     _common(mine)
     val = commands.add_parser(
         "swe-validate",
@@ -68,19 +78,33 @@ def add_parsers(commands: Any) -> None:
         allow_abbrev=False,
     )
     val.add_argument("tasks", metavar="TASKS.jsonl")
-    val.add_argument("--repos-root", required=True, metavar="DIR",
-                     help="directory of the git checkouts (env.swe_repos_root)")  # fmt: skip
-    val.add_argument("--jobs", type=int, default=0, metavar="N",
-                     help="tasks checked in parallel (default: min(cores, 2))")  # fmt: skip
-    val.add_argument("--fresh", action="store_true",
-                     help="check again instead of reading cached verdicts")  # fmt: skip
+    val.add_argument(
+        "--repos-root",
+        required=True,
+        metavar="DIR",
+        help="directory of the git checkouts (env.swe_repos_root)",
+    )
+    val.add_argument(
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="tasks checked in parallel (default: min(cores, 2))",
+    )
+    val.add_argument(
+        "--fresh", action="store_true", help="check again instead of reading cached verdicts"
+    )
     _common(val)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE.toml", help="config whose [env] applies")
-    parser.add_argument("overrides", nargs="*", metavar="env.field=value",
-                        help="config overrides, e.g. env.swe_pip_args=...")  # fmt: skip
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="env.field=value",
+        help="config overrides, e.g. env.swe_pip_args=...",
+    )
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
@@ -123,9 +147,15 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give the .jsonl file to append to")
     check_pytest()
-    opts = MineOptions(checkout=checkout, out=out, repo=args.repo, rev=args.rev,
-                       since=args.since, max_commits=args.max_commits,
-                       jobs=args.jobs or default_jobs())  # fmt: skip
+    opts = MineOptions(
+        checkout=checkout,
+        out=out,
+        repo=args.repo,
+        rev=args.rev,
+        since=args.since,
+        max_commits=args.max_commits,
+        jobs=args.jobs or default_jobs(),
+    )
     counts = mine(opts, cfg, _cache_dir(cfg))
     print(
         f"swe-mine: {counts['written']} task(s) appended to {out} ({counts['examined']} "
@@ -134,8 +164,10 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
         f"{counts['already_in_out']} already in the file)"
     )
     root = checkout.resolve().parent
-    print(f"train: saorl train --config examples/swe_real.toml env.swe_tasks={out} "
-          f"env.swe_repos_root={root}")  # fmt: skip
+    print(
+        f"train: saorl train --config examples/swe_real.toml env.swe_tasks={out} "
+        f"env.swe_repos_root={root}"
+    )
     return 0
 
 
@@ -147,8 +179,9 @@ def _validate(args: argparse.Namespace, cfg: Any) -> int:
     check_pytest()
     cache = _cache_dir(cfg)
     tasks = load_swebench(args.tasks, args.repos_root, cache)
-    checked = check_tasks(tasks, cfg, cache, use_cache=not args.fresh,
-                          jobs=args.jobs or default_jobs())  # fmt: skip
+    checked = check_tasks(
+        tasks, cfg, cache, use_cache=not args.fresh, jobs=args.jobs or default_jobs()
+    )
     results = [v for _, v in checked]
     print(table(results))
     bad = [v for v in results if v.status != "valid"]

@@ -89,8 +89,15 @@ from saorl.sandbox import ExecResult, Limits, middle_truncate, run
 
 INFRASTRUCTURE = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"})
 # Where pytest looks for its config, in its order (pytest's own list is used when it has one).
-CONFIG_NAMES = ("pytest.toml", ".pytest.toml", "pytest.ini", ".pytest.ini", "pyproject.toml",
-                "tox.ini", "setup.cfg")  # fmt: skip
+CONFIG_NAMES = (
+    "pytest.toml",
+    ".pytest.toml",
+    "pytest.ini",
+    ".pytest.ini",
+    "pyproject.toml",
+    "tox.ini",
+    "setup.cfg",
+)
 GRADE_DISK_BYTES = 256 << 20  # what the tests of one grade may write, beyond the repository
 GRADE_MEMORY_BYTES = 1 << 30  # memory of the test process, beyond what the tmpfs mounts hold
 RESULTS_BYTES = 16 << 20  # result lines kept per run (a few hundred bytes per test)
@@ -297,10 +304,17 @@ def run_tests(
     `autoload` loads the environment's pytest plugins; `config` is the config file (relative
     to `workdir`) pytest reads, None for none; `max_lines` > 0 also stops each test after that
     many executed lines (deterministic)."""
-    return run_packed(pack_tree(workdir), test_ids, test_timeout_s=test_timeout_s,
-                      wall_s=wall_s, plugins=installed_plugins() if autoload else (),
-                      config=config, max_lines=max_lines, disk_bytes=disk_bytes,
-                      limits=limits)  # fmt: skip
+    return run_packed(
+        pack_tree(workdir),
+        test_ids,
+        test_timeout_s=test_timeout_s,
+        wall_s=wall_s,
+        plugins=installed_plugins() if autoload else (),
+        config=config,
+        max_lines=max_lines,
+        disk_bytes=disk_bytes,
+        limits=limits,
+    )
 
 
 def run_packed(
@@ -321,9 +335,16 @@ def run_packed(
     `env` the tests run with that per-task environment's interpreter (its venv bound read-only)
     and its import roots; `collect_all` runs every test of the files `test_ids` name."""
     nonce = secrets.token_hex(16)
-    spec = {"ids": test_ids, "nonce": nonce, "timeout_s": test_timeout_s,
-            "plugins": list(plugins), "config": config, "max_lines": max_lines,
-            "paths": list(env.roots) if env else [], "all": collect_all}  # fmt: skip
+    spec = {
+        "ids": test_ids,
+        "nonce": nonce,
+        "timeout_s": test_timeout_s,
+        "plugins": list(plugins),
+        "config": config,
+        "max_lines": max_lines,
+        "paths": list(env.roots) if env else [],
+        "all": collect_all,
+    }
     tmpfs = packed.disk_bytes + disk_bytes
     limits = limits or Limits(
         wall_s=wall_s,
@@ -459,8 +480,9 @@ def grade(
         canaries=True,
     )
     if isinstance(runs, str):
-        return GradeResult(False, dict.fromkeys(f2p, "missing"), dict.fromkeys(p2p, "missing"),
-                           error=runs)  # fmt: skip
+        return GradeResult(
+            False, dict.fromkeys(f2p, "missing"), dict.fromkeys(p2p, "missing"), error=runs
+        )
     f2p_status = {t: runs.statuses[t] for t in f2p}
     p2p_status = {t: runs.statuses[t] for t in p2p}
     gold = getattr(task, "gold_outcomes", None) or {}

@@ -109,8 +109,16 @@ def split_changes(repo: Path, commit: str) -> tuple[list[str], list[str]] | None
     parents = _git(repo, "rev-list", "--parents", "-n", "1", commit).split()[1:]
     if not parents:  # the root commit: nothing to compare with
         return None
-    status = _git(repo, "diff-tree", "--no-commit-id", "-r", "--no-renames", "--name-status",
-                  parents[0], commit)  # fmt: skip
+    status = _git(
+        repo,
+        "diff-tree",
+        "--no-commit-id",
+        "-r",
+        "--no-renames",
+        "--name-status",
+        parents[0],
+        commit,
+    )
     code, tests, touched_tests = [], [], False
     for line in status.splitlines():
         kind, _, path = line.partition("\t")
@@ -142,8 +150,9 @@ def _passing(run: TestRun) -> set[str]:
     return {t for t, s in run.statuses.items() if s == "passed" and "::" in t}
 
 
-def mine_commit(opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig,
-                cache_dir: Path) -> Outcome:  # fmt: skip
+def mine_commit(
+    opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig, cache_dir: Path
+) -> Outcome:
     """The validated row of `commit`, or why there is none."""
     split = split_changes(opts.checkout, commit)
     if split is None:
@@ -185,22 +194,33 @@ def mine_commit(opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig,
     return outcome
 
 
-def _run_and_validate(opts: MineOptions, commit: str, row: dict[str, Any], task: SweTask,
-                      tests: list[str], cfg: EnvConfig, cache_dir: Path) -> Outcome:  # fmt: skip
+def _run_and_validate(
+    opts: MineOptions,
+    commit: str,
+    row: dict[str, Any],
+    task: SweTask,
+    tests: list[str],
+    cfg: EnvConfig,
+    cache_dir: Path,
+) -> Outcome:
     """FAIL_TO_PASS and PASS_TO_PASS of the row, then its verdict."""
     if cfg.swe_task_envs != "none":
         assert task.source is not None
         try:
-            env = ensure_env(task.source, cache_dir, shlex.split(cfg.swe_pip_args),
-                             cfg.swe_env_build_timeout_s)  # fmt: skip
+            env = ensure_env(
+                task.source, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+            )
         except EnvBuildError as e:
             return Outcome(commit, None, f"environment build failed: {e}", remember=False)
         task = replace(task, env=env)
     run_files = sorted(p for p in tests if is_test_module(p) and _exists(opts.checkout, commit, p))
     if not run_files:
         return Outcome(commit, None, "its test changes hold no test module to run")
-    kw = {"test_timeout_s": cfg.swe_test_timeout_s, "wall_s": cfg.swe_grade_timeout_s,
-          "parent": cache_dir / "work"}  # fmt: skip
+    kw = {
+        "test_timeout_s": cfg.swe_test_timeout_s,
+        "wall_s": cfg.swe_grade_timeout_s,
+        "parent": cache_dir / "work",
+    }
     try:
         gold = changes_from_patch(task, row["patch"])
     except ValueError as e:
@@ -214,8 +234,12 @@ def _run_and_validate(opts: MineOptions, commit: str, row: dict[str, Any], task:
     passed_after, passed_before = _passing(after), _passing(before)
     f2p = sorted(passed_after - passed_before)
     if not f2p:
-        return Outcome(commit, None, f"no test goes from failing to passing ({len(passed_after)} "
-                       f"pass after the change, {len(passed_before)} before)")  # fmt: skip
+        return Outcome(
+            commit,
+            None,
+            f"no test goes from failing to passing ({len(passed_after)} "
+            f"pass after the change, {len(passed_before)} before)",
+        )
     row["FAIL_TO_PASS"], row["PASS_TO_PASS"] = f2p, sorted(passed_after & passed_before)
     # The task exactly as the loader will make it from the row: its verdict, cached here, is
     # the one training then reads back.
@@ -272,8 +296,9 @@ def _progress(total: int) -> Any:
     return tqdm(total=total, file=sys.stderr, unit="commit", desc="swe-mine", disable=None)
 
 
-def mine(opts: MineOptions, cfg: EnvConfig, cache_dir: Path,
-         log: Callable[[str], None] | None = None) -> dict[str, int]:  # fmt: skip
+def mine(
+    opts: MineOptions, cfg: EnvConfig, cache_dir: Path, log: Callable[[str], None] | None = None
+) -> dict[str, int]:
     """Mine `opts.checkout` into `opts.out` (appending); returns counts by outcome."""
     if not (opts.checkout / ".git").exists():
         raise ConfigError(f"swe-mine: {opts.checkout} is not a git checkout")
@@ -283,8 +308,13 @@ def mine(opts: MineOptions, cfg: EnvConfig, cache_dir: Path,
     done = existing_ids(opts.out)
     every = commits(opts)
     todo = [c for c in every if f"{repo_name.replace('/', '__')}-{c[:12]}" not in done]
-    counts = {"examined": 0, "written": 0, "already_in_out": len(every) - len(todo),
-              "not_candidates": 0, "rejected": 0}  # fmt: skip
+    counts = {
+        "examined": 0,
+        "written": 0,
+        "already_in_out": len(every) - len(todo),
+        "not_candidates": 0,
+        "rejected": 0,
+    }
     memo = cache_dir / "mined"
     memo.mkdir(parents=True, exist_ok=True)
     bar = _progress(len(todo))

@@ -258,12 +258,27 @@ def main() -> int:
         with open(config, "w", encoding="utf-8") as f:
             f.write("[pytest]\n")
     recorder = make_recorder(
-        pytest, emit, wanted, float(spec["timeout_s"]), int(spec.get("max_lines", 0)),
+        pytest,
+        emit,
+        wanted,
+        float(spec["timeout_s"]),
+        int(spec.get("max_lines", 0)),
         on_plugins_loaded,
-    )  # fmt: skip
-    args = [*files, "-c", config, "--rootdir", root, "--confcutdir", root,
-            "-p", "no:cacheprovider", "-q", "--tb=short",
-            "--continue-on-collection-errors"]  # fmt: skip
+    )
+    args = [
+        *files,
+        "-c",
+        config,
+        "--rootdir",
+        root,
+        "--confcutdir",
+        root,
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=short",
+        "--continue-on-collection-errors",
+    ]
     try:
         return int(pytest.main(args, plugins=[recorder, *map(str, spec.get("plugins", []))]))
     finally:

@@ -87,9 +87,15 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
     runner = ToolRunner(cfg.swe_command_timeout_s, cfg.swe_max_output_chars)
 
     def make_env() -> SweEnv:
-        return SweEnv(cfg.tool_format, runner, max_turns=cfg.max_turns,
-                      max_tool_calls=cfg.max_tool_calls, test_timeout_s=cfg.swe_test_timeout_s,
-                      grade_timeout_s=cfg.swe_grade_timeout_s, work_dir=cache / "work")  # fmt: skip
+        return SweEnv(
+            cfg.tool_format,
+            runner,
+            max_turns=cfg.max_turns,
+            max_tool_calls=cfg.max_tool_calls,
+            test_timeout_s=cfg.swe_test_timeout_s,
+            grade_timeout_s=cfg.swe_grade_timeout_s,
+            work_dir=cache / "work",
+        )
 
     demo = GoldDemo(cfg.tool_format) if cfg.tool_format == "hermes" else None
     return EnvSpec(

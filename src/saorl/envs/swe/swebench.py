@@ -35,8 +35,15 @@ from saorl.config import ConfigError
 from saorl.envs.swe.git import git, git_popen
 from saorl.envs.swe.task import EnvSource, SweTask
 
-REQUIRED = ("instance_id", "repo", "base_commit", "problem_statement", "FAIL_TO_PASS",
-            "PASS_TO_PASS", "test_patch")  # fmt: skip
+REQUIRED = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "test_patch",
+)
 
 
 REPO_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(/[A-Za-z0-9_][A-Za-z0-9_.-]*)?")

@@ -101,8 +101,17 @@ def code_hash() -> str:
 def fingerprint(task: SweTask) -> str:
     """What a verdict depends on, hashed."""
     env = task.env.key if task.env else ""
-    data = [task.key, task.fail_to_pass, task.pass_to_pass, task.test_patch, task.answer,
-            task.protected, str(task.snapshot), env, code_hash()]  # fmt: skip
+    data = [
+        task.key,
+        task.fail_to_pass,
+        task.pass_to_pass,
+        task.test_patch,
+        task.answer,
+        task.protected,
+        str(task.snapshot),
+        env,
+        code_hash(),
+    ]
     return hashlib.sha256(json.dumps(data).encode()).hexdigest()
 
 
@@ -122,8 +131,10 @@ def _failures(result: GradeResult, limit: int = 3) -> str:
     # a test's own failure says more than a canary's; an error alone when nothing ran
     if result.error and all(s == "missing" for _, s in bad):
         return result.error
-    shown = [f"{t} {s}" + (f" ({_brief(m)})" if (m := result.messages.get(t)) else "")
-             for t, s in bad[:limit]]  # fmt: skip
+    shown = [
+        f"{t} {s}" + (f" ({_brief(m)})" if (m := result.messages.get(t)) else "")
+        for t, s in bad[:limit]
+    ]
     more = f" and {len(bad) - limit} more" if len(bad) > limit else ""
     return "; ".join(shown) + more
 
@@ -161,8 +172,9 @@ def validate_task(task: SweTask, **grade_kw: Any) -> tuple[Validation, bool]:
         return verdict("invalid", reason, _definitive(gold))
     empty = grade(task, {}, **grade_kw)
     if empty.resolved:
-        return verdict("invalid", "an empty patch resolves it (every FAIL_TO_PASS test passes "
-                       "without the fix)")  # fmt: skip
+        return verdict(
+            "invalid", "an empty patch resolves it (every FAIL_TO_PASS test passes without the fix)"
+        )
     result, cacheable = verdict("valid", "", _definitive(gold, empty))
     return dataclasses.replace(result, outcomes=outcomes), cacheable
 
@@ -172,8 +184,9 @@ def _cache_path(cache_dir: Path, task: SweTask) -> Path:
     return cache_dir / "validated" / f"{safe}-{fingerprint(task)[:20]}.json"
 
 
-def validate_cached(task: SweTask, cache_dir: Path, use_cache: bool = True,
-                    **grade_kw: Any) -> Validation:  # fmt: skip
+def validate_cached(
+    task: SweTask, cache_dir: Path, use_cache: bool = True, **grade_kw: Any
+) -> Validation:
     path = _cache_path(cache_dir, task)
     if use_cache and (cached := read_verdict(path, task.key)) is not None:
         return cached
@@ -207,11 +220,15 @@ def check_tasks(
     by_key: dict[str, Validation] = {}
     ready = tasks
     if cfg.swe_task_envs != "none":
-        ready, failed = attach_envs(tasks, cache_dir, shlex.split(cfg.swe_pip_args),
-                                    cfg.swe_env_build_timeout_s)  # fmt: skip
+        ready, failed = attach_envs(
+            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+        )
         by_key.update({f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed})
-    kw = {"test_timeout_s": cfg.swe_test_timeout_s, "wall_s": cfg.swe_grade_timeout_s,
-          "parent": cache_dir / "work"}  # fmt: skip
+    kw = {
+        "test_timeout_s": cfg.swe_test_timeout_s,
+        "wall_s": cfg.swe_grade_timeout_s,
+        "parent": cache_dir / "work",
+    }
     with ThreadPoolExecutor(jobs or default_jobs()) as pool:
         results = pool.map(lambda t: validate_cached(t, cache_dir, use_cache, **kw), ready)
         by_key.update((r.key, r) for r in results)
@@ -238,8 +255,9 @@ def table(results: list[Validation], reason_chars: int = 120) -> str:
     )
 
 
-def prepare_tasks(tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path,
-                  where: str = "env.swe_tasks") -> list[SweTask]:  # fmt: skip
+def prepare_tasks(
+    tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path, where: str = "env.swe_tasks"
+) -> list[SweTask]:
     """The usable tasks: environments built (env.swe_task_envs) and, with env.swe_validate,
     validated; the others are logged with their reason. ConfigError when none remain."""
     if cfg.swe_task_envs == "none" and not cfg.swe_validate:
@@ -247,19 +265,27 @@ def prepare_tasks(tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path,
     if cfg.swe_validate:
         checked = check_tasks(tasks, cfg, cache_dir)
     else:
-        ready, failed = attach_envs(tasks, cache_dir, shlex.split(cfg.swe_pip_args),
-                                    cfg.swe_env_build_timeout_s)  # fmt: skip
+        ready, failed = attach_envs(
+            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+        )
         bad = {f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed}
         ok = {t.key: t for t in ready}
-        checked = [(ok.get(t.key, t), bad.get(t.key) or Validation(t.key, "valid", "", 0.0))
-                   for t in tasks]  # fmt: skip
+        checked = [
+            (ok.get(t.key, t), bad.get(t.key) or Validation(t.key, "valid", "", 0.0)) for t in tasks
+        ]
     kept = [t for t, v in checked if v.status == "valid"]
     dropped = [v for _, v in checked if v.status != "valid"]
     if dropped:
-        details = "".join(f"\n{v.key}: " + "\n    ".join(v.reason.splitlines()[:6])
-                          for v in dropped)  # fmt: skip
-        _log.warning("env 'swe': %d of %d tasks left out (not trained or evaluated on):\n%s\n%s",
-                     len(dropped), len(tasks), table(dropped), details)  # fmt: skip
+        details = "".join(
+            f"\n{v.key}: " + "\n    ".join(v.reason.splitlines()[:6]) for v in dropped
+        )
+        _log.warning(
+            "env 'swe': %d of %d tasks left out (not trained or evaluated on):\n%s\n%s",
+            len(dropped),
+            len(tasks),
+            table(dropped),
+            details,
+        )
     if not kept:
         reasons = "; ".join(f"{v.key}: {v.status}: {v.reason[:300]}" for v in dropped[:5])
         raise ConfigError(f"{where}: none of the {len(tasks)} tasks is usable ({reasons})")

@@ -85,15 +85,33 @@ from saorl.envs.swe.workspace import remove_tree
 BUILD_VERSION = "2"  # bump when what a build produces changes: every key changes with it
 TEST_EXTRAS = ("test", "tests", "testing")
 TEST_REQUIREMENTS = (
-    "requirements-test.txt", "requirements-tests.txt", "requirements-testing.txt",
-    "requirements_test.txt", "requirements_tests.txt", "test-requirements.txt",
-    "test_requirements.txt", "tests-requirements.txt", "requirements/test.txt",
-    "requirements/tests.txt", "requirements/testing.txt",
-)  # fmt: skip
-DEV_REQUIREMENTS = ("requirements-dev.txt", "requirements_dev.txt", "dev-requirements.txt",
-                    "requirements/dev.txt")  # fmt: skip
-INPUTS = ("pyproject.toml", "setup.py", "setup.cfg", "tox.ini", "requirements.txt",
-          *TEST_REQUIREMENTS, *DEV_REQUIREMENTS)  # fmt: skip
+    "requirements-test.txt",
+    "requirements-tests.txt",
+    "requirements-testing.txt",
+    "requirements_test.txt",
+    "requirements_tests.txt",
+    "test-requirements.txt",
+    "test_requirements.txt",
+    "tests-requirements.txt",
+    "requirements/test.txt",
+    "requirements/tests.txt",
+    "requirements/testing.txt",
+)
+DEV_REQUIREMENTS = (
+    "requirements-dev.txt",
+    "requirements_dev.txt",
+    "dev-requirements.txt",
+    "requirements/dev.txt",
+)
+INPUTS = (
+    "pyproject.toml",
+    "setup.py",
+    "setup.cfg",
+    "tox.ini",
+    "requirements.txt",
+    *TEST_REQUIREMENTS,
+    *DEV_REQUIREMENTS,
+)
 READY = "ready.json"
 PTH = "_saorl_base.pth"
 
@@ -218,13 +236,21 @@ def base_site_dirs() -> list[str]:
     return [os.path.realpath(p) for p in site.getsitepackages() if os.path.isdir(p)]
 
 
-def env_key(source: EnvSource, files: dict[str, bytes], plan: InstallPlan,
-            pip_args: Sequence[str]) -> str:  # fmt: skip
+def env_key(
+    source: EnvSource, files: dict[str, bytes], plan: InstallPlan, pip_args: Sequence[str]
+) -> str:
     """The cache directory name of the environment these inputs build."""
     h = hashlib.sha256()
-    ident = {"v": BUILD_VERSION, "repo": source.repo, "commit": source.commit,
-             "plan": asdict(plan), "pip": list(pip_args), "python": sys.version,
-             "exe": os.path.realpath(sys.executable), "site": base_site_dirs()}  # fmt: skip
+    ident = {
+        "v": BUILD_VERSION,
+        "repo": source.repo,
+        "commit": source.commit,
+        "plan": asdict(plan),
+        "pip": list(pip_args),
+        "python": sys.version,
+        "exe": os.path.realpath(sys.executable),
+        "site": base_site_dirs(),
+    }
     h.update(json.dumps(ident, sort_keys=True).encode())
     for name in sorted(files):
         h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
@@ -246,8 +272,9 @@ _memo: dict[str, TaskEnv] = {}
 _memo_lock = threading.Lock()
 
 
-def ensure_env(source: EnvSource, cache_dir: Path, pip_args: Sequence[str] = (),
-               timeout_s: float = 1800.0) -> TaskEnv:  # fmt: skip
+def ensure_env(
+    source: EnvSource, cache_dir: Path, pip_args: Sequence[str] = (), timeout_s: float = 1800.0
+) -> TaskEnv:
     """The environment of `source`: from the cache, or built now (raises EnvBuildError)."""
     files = read_inputs(source.checkout, source.commit)
     plan = install_plan(files)
@@ -275,8 +302,9 @@ def _ready(envdir: Path) -> TaskEnv | None:
     return env if env is not None and Path(env.python).exists() else None
 
 
-def _build(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[str],
-           timeout_s: float) -> TaskEnv:  # fmt: skip
+def _build(
+    source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[str], timeout_s: float
+) -> TaskEnv:
     if os.path.lexists(envdir):  # half-built (no ready marker): start over
         remove_tree(envdir)
     envdir.mkdir(parents=True)
@@ -286,13 +314,20 @@ def _build(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[st
         env = _build_steps(source, plan, envdir, pip_args, timeout_s, log)
     except EnvBuildError as e:
         remove_tree(envdir / "venv")
-        raise EnvBuildError(f"{source.repo} at {source.commit[:12]}: {str(e).rstrip()}\n(log: "
-                            f"{envdir / 'build.log'})") from None  # fmt: skip
+        raise EnvBuildError(
+            f"{source.repo} at {source.commit[:12]}: {str(e).rstrip()}\n(log: "
+            f"{envdir / 'build.log'})"
+        ) from None
     finally:
         remove_tree(envdir / "build")
         (envdir / "build.log").write_text("\n".join(log), encoding="utf-8")
-    record = {**asdict(env), "repo": source.repo, "commit": source.commit,
-              "plan": asdict(plan), "seconds": round(time.monotonic() - start, 2)}  # fmt: skip
+    record = {
+        **asdict(env),
+        "repo": source.repo,
+        "commit": source.commit,
+        "plan": asdict(plan),
+        "seconds": round(time.monotonic() - start, 2),
+    }
     tmp = envdir / f".{READY}.tmp"
     tmp.write_text(json.dumps(record, indent=1))
     os.replace(tmp, envdir / READY)
@@ -313,8 +348,14 @@ def _host_step(what: str, argv: list[str], log: list[str]) -> None:
         raise EnvBuildError(f"`{what}` failed (exit {proc.returncode}): {proc.stderr.strip()}")
 
 
-def _build_steps(source: EnvSource, plan: InstallPlan, envdir: Path, pip_args: list[str],
-                 timeout_s: float, log: list[str]) -> TaskEnv:  # fmt: skip
+def _build_steps(
+    source: EnvSource,
+    plan: InstallPlan,
+    envdir: Path,
+    pip_args: list[str],
+    timeout_s: float,
+    log: list[str],
+) -> TaskEnv:
     from saorl.sandbox import Limits, run
 
     venv, build = envdir / "venv", envdir / "build"
@@ -394,8 +435,9 @@ class Failure:
     reason: str
 
 
-def attach_envs(tasks: list, cache_dir: Path, pip_args: Sequence[str] = (),
-                timeout_s: float = 1800.0) -> tuple[list, list[Failure]]:  # fmt: skip
+def attach_envs(
+    tasks: list, cache_dir: Path, pip_args: Sequence[str] = (), timeout_s: float = 1800.0
+) -> tuple[list, list[Failure]]:
     """`tasks` with their environments (`SweTask.env`), and those whose environment could not
     be built, with pip's error. Each distinct source is built once."""
     import dataclasses

@@ -37,8 +37,10 @@ def check_pytest() -> None:
     except Exception as e:  # a pin too old for this Python (py's apipkg on 3.11, ...)
         version = f"{sys.version_info[0]}.{sys.version_info[1]}"
         why = f"{type(e).__name__}: {e}"
-        sys.exit(f"pytest cannot be imported in this environment ({why}); the repository's "
-                 f"requirements may pin a pytest too old for Python {version}")  # fmt: skip
+        sys.exit(
+            f"pytest cannot be imported in this environment ({why}); the repository's "
+            f"requirements may pin a pytest too old for Python {version}"
+        )
 
 
 def norm(name: str) -> str:
@@ -117,9 +119,16 @@ def main() -> None:
         local = os.path.realpath(str(dist.locate_file(""))) == os.path.realpath(purelib)
         if key not in project and (local or key in needed):
             plugins.update(ep.name for ep in dist.entry_points if ep.group == "pytest11")
-    print(json.dumps({"paths": [p for p in entries if under(p)],
-                      "mapped": [m for m in mapped if isinstance(m[1], str) and under(m[1])],
-                      "project": project, "plugins": sorted(plugins)}))  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "paths": [p for p in entries if under(p)],
+                "mapped": [m for m in mapped if isinstance(m[1], str) and under(m[1])],
+                "project": project,
+                "plugins": sorted(plugins),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -82,8 +82,11 @@ class Candidate:
         for t in self.modules:
             with AST_LOCK:
                 tree = ast.parse(t.tests)
-            ids += [f"tests/test_{t.name}.py::{n.name}" for n in tree.body
-                    if isinstance(n, ast.FunctionDef) and n.name.startswith("test")]  # fmt: skip
+            ids += [
+                f"tests/test_{t.name}.py::{n.name}"
+                for n in tree.body
+                if isinstance(n, ast.FunctionDef) and n.name.startswith("test")
+            ]
         return ids
 
 
@@ -115,8 +118,9 @@ def _run(files: dict[str, bytes], ids: list[str], timeout_s: float) -> TestRun:
     work = Path(tempfile.mkdtemp(prefix="saorl-swe-gen-"))
     try:
         write_files(work, files)
-        return run_tests(work, ids, test_timeout_s=timeout_s, wall_s=600.0,
-                         max_lines=VALIDATION_MAX_LINES)  # fmt: skip
+        return run_tests(
+            work, ids, test_timeout_s=timeout_s, wall_s=600.0, max_lines=VALIDATION_MAX_LINES
+        )
     finally:
         remove_tree(work)
 
@@ -195,9 +199,12 @@ def validate(seed: int, index: int) -> dict[str, Any] | None:
         if not f2p:
             continue  # an equivalent mutant: no test notices
         path = f"{cand.package}/{primary.name}.py"
-        diff = difflib.unified_diff(bug.source.splitlines(keepends=True),
-                                    primary.source.splitlines(keepends=True),
-                                    f"a/{path}", f"b/{path}")  # fmt: skip
+        diff = difflib.unified_diff(
+            bug.source.splitlines(keepends=True),
+            primary.source.splitlines(keepends=True),
+            f"a/{path}",
+            f"b/{path}",
+        )
         return {
             "key": f"gen-{seed}-{index:05d}",
             "prompt": _issue(cand, bug, result, f2p),
@@ -236,8 +243,12 @@ def _version() -> str:
 
     h = hashlib.sha256(f"{sys.version}|{pytest.__version__}".encode())
     here = Path(__file__).parent
-    for path in (here / "templates.py", here / "mutate.py", here / "generator.py",
-                 here.parent / "pytest_runner.py"):  # fmt: skip
+    for path in (
+        here / "templates.py",
+        here / "mutate.py",
+        here / "generator.py",
+        here.parent / "pytest_runner.py",
+    ):
         h.update(path.read_bytes())
     for t in all_templates():
         h.update(f"{t.name}\0{t.source}\0{t.tests}\0".encode())

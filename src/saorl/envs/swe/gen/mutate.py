@@ -45,14 +45,26 @@ def _ast_locked(fn: _F) -> _F:
 
 
 _BINOP: dict[type, type] = {
-    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.FloorDiv: ast.Div,
-    ast.Div: ast.FloorDiv, ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
-}  # fmt: skip
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Add,
+    ast.FloorDiv: ast.Div,
+    ast.Div: ast.FloorDiv,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+}
 _CMP: dict[type, tuple[type, ...]] = {
-    ast.Lt: (ast.LtE, ast.Gt), ast.LtE: (ast.Lt,), ast.Gt: (ast.GtE, ast.Lt), ast.GtE: (ast.Gt,),
-    ast.Eq: (ast.NotEq,), ast.NotEq: (ast.Eq,), ast.In: (ast.NotIn,), ast.NotIn: (ast.In,),
-    ast.Is: (ast.IsNot,), ast.IsNot: (ast.Is,),
-}  # fmt: skip
+    ast.Lt: (ast.LtE, ast.Gt),
+    ast.LtE: (ast.Lt,),
+    ast.Gt: (ast.GtE, ast.Lt),
+    ast.GtE: (ast.Gt,),
+    ast.Eq: (ast.NotEq,),
+    ast.NotEq: (ast.Eq,),
+    ast.In: (ast.NotIn,),
+    ast.NotIn: (ast.In,),
+    ast.Is: (ast.IsNot,),
+    ast.IsNot: (ast.Is,),
+}
 _BOOL: dict[type, type] = {ast.And: ast.Or, ast.Or: ast.And}
 _AUG: dict[type, type] = {ast.Add: ast.Sub, ast.Sub: ast.Add}
 _REMOVABLE = (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Expr, ast.Return, ast.Raise)
@@ -106,8 +118,9 @@ def _nodes(tree: ast.Module) -> list[tuple[str, ast.AST, ast.AST, str, int | Non
             out.append((qualname, node, parent, fld, idx))
             for name, value in ast.iter_fields(node):
                 if isinstance(value, list):
-                    stack += [(v, node, name, i) for i, v in enumerate(value)
-                              if isinstance(v, ast.AST)]  # fmt: skip
+                    stack += [
+                        (v, node, name, i) for i, v in enumerate(value) if isinstance(v, ast.AST)
+                    ]
                 elif isinstance(value, ast.AST):
                     stack.append((value, node, name, None))
     return out
