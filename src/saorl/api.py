@@ -234,8 +234,44 @@ def evaluate(
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
     cfg = eval_config(model, config, overrides, env, trust_remote_code=trust_remote_code)
-    from saorl.evaluation.evaluation import run_eval, write_results  # imports torch
+    summary, _ = run_evaluation(
+        model,
+        cfg,
+        k=k,
+        limit=limit,
+        base_url=base_url,
+        api_key=api_key,
+        out=out,
+        write=out is not None,
+        progress=progress,
+        prompt_template=prompt_template,
+        greedy=greedy,
+    )
+    return summary
 
+
+def run_evaluation(
+    model: str | os.PathLike[str],
+    cfg: Config,
+    *,
+    k: int = 1,
+    limit: int | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    out: str | os.PathLike[str] | None = None,
+    write: bool = True,
+    progress: bool = False,
+    prompt_template: str = "saorl",
+    greedy: bool = False,
+) -> tuple[dict[str, Any], Path | None]:
+    """Evaluate `model` under an already-resolved `cfg` (from `eval_config`): check the paths,
+    run, and with `write` save the per-problem JSONL and summary (`out`, else
+    evals/MODEL/NAME.jsonl) and print the table. Returns the summary and the JSONL path.
+    `saorl eval` and `evaluate` both end here."""
+    from saorl.evaluation.evaluation import check_paths, run_eval, write_results  # torch
+
+    out_str = None if out is None else str(out)
+    check_paths(str(model), out_str, served=base_url is not None)
     summary, rows = run_eval(
         str(model),
         cfg,
@@ -247,6 +283,5 @@ def evaluate(
         greedy=greedy,
         prompt_template=prompt_template,
     )
-    if out is not None:
-        write_results(str(model), cfg, summary, rows, str(out))
-    return summary
+    path = write_results(str(model), cfg, summary, rows, out_str) if write else None
+    return summary, path

@@ -247,20 +247,14 @@ def _eval(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
     try:
-        from saorl.evaluation.evaluation import (  # imports torch
-            check_paths,
-            run_eval,
-            write_results,
-        )
-
-        check_paths(args.model, args.out, served=args.base_url is not None)
-        summary, rows = run_eval(
+        _, path = api.run_evaluation(
             args.model,
             cfg,
             k=args.k,
             limit=args.limit,
             base_url=args.base_url,
             api_key=args.api_key,
+            out=args.out,
             progress=sys.stderr.isatty(),
             greedy=args.greedy,
             prompt_template=args.prompt_template,
@@ -268,7 +262,6 @@ def _eval(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as exc:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
-    path = write_results(args.model, cfg, summary, rows, args.out)
     print(printable(f"per-problem results: {path}"))
     return 0
 
