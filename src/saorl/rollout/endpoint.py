@@ -15,10 +15,16 @@ into prompt ids (`AgentSession.prompt_ids`), hands the request to the worker thr
 (`submit`, thread-safe) and blocks on the future the worker resolves when the engine finishes the
 turn; it records the turn (`AgentSession.record`) before replying, so an agent that has its
 answer has it recorded.
+
+In-process clients (the `openai.AsyncOpenAI` a Python agent gets) skip the socket:
+`LocalTransport` hands their requests to the same code on the agent's own event loop and awaits
+the engine's future there, so a call costs no HTTP parsing and no hop through a handler thread
+(each hop is a thread wake-up, slow on a loaded machine). What is served is the same either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import re
@@ -26,6 +32,7 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -68,6 +75,7 @@ class TrainingEndpoint:
         self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
         self._lock = threading.Lock()
+        self._local: Any = None
         self.server = _Server((host, port), _handler_class(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(
@@ -86,6 +94,14 @@ class TrainingEndpoint:
         with self._lock:
             self.sessions[session.key] = session
         return session
+
+    def local_client(self) -> Any:
+        """The `httpx.AsyncClient` of in-process agents (`LocalTransport`), one per endpoint."""
+        if self._local is None:
+            import httpx
+
+            self._local = httpx.AsyncClient(transport=LocalTransport(self), trust_env=False)
+        return self._local
 
     def base_url(self, session: AgentSession) -> str:
         return f"{self.root}/episodes/{session.key}/v1"
@@ -125,8 +141,23 @@ class TrainingEndpoint:
             code="invalid_api_key",
         )
 
-    def chat(self, req: ChatRequest, session: AgentSession) -> Reply:
-        """Run one call of `session` through the engine and record it."""
+    def begin(self, method: str, path: str, headers: Any, raw: bytes) -> dict[str, Any] | Call:
+        """A request's answer (`GET /v1/models`) or its call, submitted to the engine; raises
+        ApiError for a request the endpoint refuses."""
+        match = _ROUTE.match(path.split("?", 1)[0])
+        if match is None:
+            raise ApiError(404, f"no route {path!r}", code="not_found")
+        key, what = match.group("key"), match.group("what")
+        if what == "models":
+            if method != "GET":
+                raise ApiError(405, "use GET for the model list")
+            if key is not None:
+                self.session_for(key, headers)
+            return served_models(self.models, self.context_len)
+        if method != "POST":
+            raise ApiError(405, "use POST for chat completions")
+        session = self.session_for(key, headers)
+        req = check_chat(parse_json(raw), self.models)
         prompt, extends = session.prompt_ids(req.messages, req.tools)
         if len(prompt) >= self.context_len:
             raise ApiError(
@@ -134,13 +165,11 @@ class TrainingEndpoint:
                 f"the prompt is {len(prompt)} tokens; the context holds {self.context_len}",
                 code="context_length_exceeded",
             )
-        future = self.submit(prompt, req.max_tokens, req.stop)
-        try:
-            c: Completion = future.result(timeout=self.call_timeout_s)
-        except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
-            raise ApiError(
-                503, "the call was cancelled (the episode or the run ended)", kind="server_error"
-            ) from None
+        return Call(req, session, prompt, extends, self.submit(prompt, req.max_tokens, req.stop))
+
+    def finish(self, call: Call, c: Completion) -> Reply:
+        """Record the engine's turn for `call` and build its reply."""
+        req, prompt = call.req, call.prompt
         if c.finish_reason == "aborted":
             raise ApiError(
                 503, "the engine aborted the call (the run is stopping)", kind="server_error"
@@ -170,11 +199,11 @@ class TrainingEndpoint:
             len(c.token_ids),
             logprobs,
         )
-        session.record(
+        call.session.record(
             req.messages,
             req.tools,
             prompt,
-            extends,
+            call.extends,
             c.token_ids,
             c.logprobs,
             c.versions,
@@ -182,6 +211,104 @@ class TrainingEndpoint:
             reply.message(),
         )
         return reply
+
+    def serve(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
+        """One request, start to end, blocking this thread on the engine (HTTP handlers)."""
+        try:
+            call = self.begin(method, path, headers, raw)
+            if not isinstance(call, Call):
+                return Answer(200, call)
+            try:
+                c = call.future.result(timeout=self.call_timeout_s)
+            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
+                raise _CANCELLED from None
+            return Answer.of(call.req, self.finish(call, c))
+        except ApiError as e:
+            return Answer(e.status, e.body())
+        except Exception as e:  # a bug here must not take the worker down: the agent sees it
+            return Answer(500, _internal(e))
+
+    async def serve_async(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
+        """`serve` on the caller's event loop: it awaits the engine instead of blocking."""
+        try:
+            call = self.begin(method, path, headers, raw)
+            if not isinstance(call, Call):
+                return Answer(200, call)
+            try:
+                c = await asyncio.wait_for(asyncio.wrap_future(call.future), self.call_timeout_s)
+            except (asyncio.CancelledError, TimeoutError):
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # the agent itself was cancelled (its episode timed out)
+                raise _CANCELLED from None
+            return Answer.of(call.req, self.finish(call, c))
+        except ApiError as e:
+            return Answer(e.status, e.body())
+        except Exception as e:
+            return Answer(500, _internal(e))
+
+
+@dataclass
+class Call:
+    """A chat call submitted to the engine, between `begin` and `finish`."""
+
+    req: ChatRequest
+    session: AgentSession
+    prompt: list[int]
+    extends: bool
+    future: concurrent.futures.Future
+
+
+@dataclass
+class Answer:
+    """A response: a JSON body, or (`events`) the server-sent events of a streamed reply."""
+
+    status: int
+    body: dict[str, Any] | None = None
+    events: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, req: ChatRequest, reply: Reply) -> Answer:
+        if not req.stream:
+            return cls(200, reply.body())
+        chunks = [f"data: {json.dumps(c)}\n\n" for c in reply.chunks(req.include_usage)]
+        return cls(200, events=[e.encode() for e in [*chunks, "data: [DONE]\n\n"]])
+
+
+_CANCELLED = ApiError(
+    503, "the call was cancelled (the episode or the run ended)", kind="server_error"
+)
+
+
+def _internal(e: Exception) -> dict[str, Any]:
+    return ApiError(500, f"{type(e).__name__}: {e}", kind="server_error").body()
+
+
+class LocalTransport:
+    """An httpx transport (duck-typed: httpx is imported only when one is built) that serves
+    requests in-process through `endpoint.serve_async`, on the client's own event loop (see
+    the module docstring). The URL's path routes the request as over HTTP; host and port are
+    not used."""
+
+    def __init__(self, endpoint: TrainingEndpoint) -> None:
+        import httpx
+
+        self.endpoint, self._httpx = endpoint, httpx
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raw = await request.aread()
+        path = request.url.raw_path.decode()
+        answer = await self.endpoint.serve_async(request.method, path, request.headers, raw)
+        if answer.events is not None:
+            headers = {"Content-Type": "text/event-stream"}
+            content = b"".join(answer.events)
+        else:
+            headers, content = {"Content-Type": "application/json"}, json.dumps(answer.body)
+        return self._httpx.Response(
+            answer.status, headers=headers, content=content, request=request
+        )
+
+    async def aclose(self) -> None:
+        pass
 
 
 class _Server(ThreadingHTTPServer):
@@ -197,13 +324,7 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
         # waits for the client's delayed ACK (~40 ms a call).
         disable_nagle_algorithm = True
 
-        def _route(self) -> tuple[str | None, str]:
-            match = _ROUTE.match(self.path.split("?", 1)[0])
-            if match is None:
-                raise ApiError(404, f"no route {self.path!r}", code="not_found")
-            return match.group("key"), match.group("what")
-
-        def _json(self, status: int, body: dict[str, Any]) -> None:
+        def _json(self, status: int, body: dict[str, Any] | None) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -211,48 +332,29 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _sse(self, chunks: list[dict[str, Any]]) -> None:
+        def _sse(self, events: list[bytes]) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for event in [*(f"data: {json.dumps(c)}\n\n" for c in chunks), "data: [DONE]\n\n"]:
-                data = event.encode()
+            for data in events:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
 
+        def _answer(self, method: str, raw: bytes = b"") -> None:
+            answer = endpoint.serve(method, self.path, self.headers, raw)
+            if answer.events is not None:
+                self._sse(answer.events)
+            else:
+                self._json(answer.status, answer.body)
+
         def do_GET(self) -> None:
-            try:
-                key, what = self._route()
-                if what != "models":
-                    raise ApiError(405, "use POST for chat completions")
-                if key is not None:
-                    endpoint.session_for(key, self.headers)
-                self._json(200, served_models(endpoint.models, endpoint.context_len))
-            except ApiError as e:
-                self._json(e.status, e.body())
+            self._answer("GET")
 
         def do_POST(self) -> None:
-            try:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                key, what = self._route()
-                if what != "chat/completions":
-                    raise ApiError(405, "use GET for the model list")
-                session = endpoint.session_for(key, self.headers)
-                req = check_chat(parse_json(raw), endpoint.models)
-                reply = endpoint.chat(req, session)
-            except ApiError as e:
-                return self._json(e.status, e.body())
-            except Exception as e:  # a bug here must not take the worker down: the agent sees it
-                return self._json(
-                    500, ApiError(500, f"{type(e).__name__}: {e}", kind="server_error").body()
-                )
-            if req.stream:
-                self._sse(reply.chunks(req.include_usage))
-            else:
-                self._json(200, reply.body())
+            self._answer("POST", self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
         def log_message(self, *args: object) -> None:
             pass
