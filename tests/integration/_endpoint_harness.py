@@ -41,8 +41,10 @@ def run_agents(
     max_new_tokens: int = 200,
     timeout_s: float = 60.0,
     tool_format: str = "hermes",
+    configure: Any = None,
 ) -> tuple[list[Any], RolloutWorker]:
-    """Every trajectory the worker emits for `tasks` (one episode each), and the worker."""
+    """Every trajectory the worker emits for `tasks` (one episode each), and the worker
+    (`configure(worker)` runs before it starts)."""
     cfg = EnvConfig(agent_command=command, tool_format=tool_format, step_timeout_s=timeout_s)
     feed = FixedFeed(list(tasks))
     out: queue.Queue = queue.Queue()
@@ -52,6 +54,8 @@ def run_agents(
     worker = RolloutWorker(
         engine, feed, tok, out, lambda: AgentProgram(cfg, fn, grader, scorer), limits
     )
+    if configure is not None:
+        configure(worker)
     worker.start()
     deadline = time.monotonic() + timeout_s + 30
     while (feed.items or worker.active) and time.monotonic() < deadline:
