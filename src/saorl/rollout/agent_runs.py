@@ -5,7 +5,9 @@ coroutine on the worker's environment event loop) against that session's base UR
 the program returns its reward, hands the session's recorded segments to the worker's output
 queue as trajectories. A program that raises, exits non-zero, gives no reward or runs past
 `env.step_timeout_s` fails its episode (`env_error`, not trained on; the reason is counted in
-`failures` and put in the trajectory's info); the run goes on.
+`failures` and put in the trajectory's info); the run goes on. Calls are counted here on their
+way to the worker's engine, which holds them back while more of a wave are coming
+(`admit_calls`).
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ class AgentRuns:
             # Agent SDKs allocate many short-lived objects per call, which makes the collector
             # run its full collections often; each would traverse the whole heap (the modules
             # of torch and transformers, the models), stopping every thread for up to a second
-            # on a loaded machine. What is alive now lives as long as the process: once per
-            # process, it is moved out of the collector's sight (`gc.freeze`).
+            # on a loaded machine. Most of what is alive now lives as long as the process, so
+            # once per process it is moved out of the collector's sight (`gc.freeze`); the
+            # price: what of it later becomes garbage in a reference cycle is never freed.
             gc.freeze()
             _frozen = True
         self.worker = worker
