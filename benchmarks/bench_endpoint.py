@@ -17,10 +17,12 @@ decode the same number of tokens and the same prompts. One rollout worker, one H
               base URL and key (HTTP on loopback, as other SDKs and command agents call)
 
 Throughput: trajectories/s over `--episodes` episodes with `--concurrent` sequences decoded
-together (the engine full), best of `--repeats`; ratio = arm / inproc. Added latency per call:
-the same arms with one episode at a time (`--latency-episodes`, `max_concurrent = 1`),
-(arm time - inproc time) / episodes, each episode being one call. The arms take turns in each
-repeat, in this process on the same machine; the load average at the start is recorded.
+together (the engine full), best of `--repeats`; ratio = arm / inproc; and this process's CPU
+time per trajectory (on a shared machine wall time mostly measures waiting for a core). Added
+latency per call: the same arms with one episode at a time (`--latency-episodes`,
+`max_concurrent = 1`), (arm time - inproc time) / episodes, each episode being one call. The
+arms take turns in each repeat, in this process on the same machine; the load average at the
+start is recorded.
 """
 
 from __future__ import annotations
@@ -120,16 +122,21 @@ def main() -> None:
     for arm in arms:
         run_arm(arm, model, tok, tasks[:8], 8, args.length)
     times: dict[str, list[float]] = {a: [] for a in arms}
+    cpu: dict[str, list[float]] = {a: [] for a in arms}
     lat: dict[str, list[float]] = {a: [] for a in arms}
     for _ in range(args.repeats):  # the arms take turns: a change of load hits them alike
         for arm in arms:
+            c0 = time.process_time()  # this process's CPU: less swayed by others' load
             times[arm].append(run_arm(arm, model, tok, tasks, args.concurrent, args.length))
+            cpu[arm].append(time.process_time() - c0)
             sub = tasks[: args.latency_episodes]
             lat[arm].append(run_arm(arm, model, tok, sub, 1, args.length))
     result = {
         arm: {
             "seconds": times[arm],
             "trajectories_per_s": len(tasks) / min(times[arm]),
+            "cpu_seconds": cpu[arm],
+            "cpu_ms_per_trajectory": min(cpu[arm]) / len(tasks) * 1000,
             "sequential_seconds": lat[arm],
             "sequential_s_per_episode": min(lat[arm]) / args.latency_episodes,
         }
