@@ -50,6 +50,7 @@ class BatchCollector:
         self.batches = 0  # batches formed; the first one is checked for mostly failures
         self.recent_failed: list[Trajectory] = []  # the current batch's failures (a few)
         self._unreleased = 0.0  # dropped episodes' shares not yet released (`_drop`)
+        self._uncharged = 0.0  # batched segments' extra shares not yet charged (`_charge`)
 
     def _next(self) -> Trajectory | None:
         for w in self.workers:
@@ -98,6 +99,15 @@ class BatchCollector:
                 f"({traj.info.get('error', '')}): raise model.max_seq_len or drop long problems "
                 "from the dataset"
             )
+
+    def _charge(self, members: list[Trajectory]) -> None:
+        # A batched episode of k segments takes k places in batches for its one admission:
+        # the k - 1 extra are charged to admission (1 - 1/k a segment, in whole units).
+        self._uncharged += len(members) - episodes(members)
+        if self._uncharged > 1 - 1e-6:
+            whole = int(self._uncharged + 1e-6)
+            self._uncharged -= whole
+            self.feed.charge(whole)
 
     def _drop(self, members: list[Trajectory]) -> None:
         # Admission counts episodes: an agent episode of k segments frees one slot, 1/k a
@@ -148,6 +158,7 @@ class BatchCollector:
                 self._drop(members)
                 continue
             batch.extend(members)
+            self._charge(members)
         if self.batches == 0:
             self.failures.check_first_batch(errored, judged, n, formed=True)
         self.batches += 1

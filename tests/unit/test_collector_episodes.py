@@ -69,3 +69,18 @@ def test_group_advantages_count_each_episode_once():
     unweighted = group_normalized_advantages(batch.scores, batch.group_ids)
     assert unweighted[3].item() != pytest.approx(lo)  # segments as members: skewed
     assert Batch.from_trajectories([_seg(0, "x")], pad_id=0).episode_weights is None
+
+
+def test_batched_segments_count_against_admission():
+    """Admission caps rollouts at (batches taken + lookahead) x batch_size, in trajectories: a
+    batched three-segment episode took three places for one admission, so two are charged."""
+    trajs = [_seg(0, f"a{i}", 3) for i in range(3)] + [_seg(1, "b")]
+    c, feed = _collector(trajs, group_size=1)
+    feed.admitted = 2  # a and b started
+    batch, *_ = c.collect(version=0, n=4, max_staleness=4)
+    assert len(batch) == 4 and feed.admitted == 4
+    # (0 + 1) x 4 admitted: the next start waits for the learner to take the batch (uncharged,
+    # two more episodes would start and their trajectories would be a batch more stale).
+    assert feed.next() is None
+    feed.consume()
+    assert feed.admitted < (feed.consumed + 1) * feed.batch_size

@@ -101,6 +101,13 @@ class PromptFeed:
             self.admitted -= 1
             self.cond.notify_all()
 
+    def charge(self, n: int) -> None:
+        """`n` trajectories went into batches beyond their episodes' admissions (an agent
+        episode of k segments fills k places): count them as admitted, so that the rule,
+        whose cap is in trajectories (`batch_size` per batch), counts them too."""
+        with self.cond:
+            self.admitted += n
+
     def consume(self) -> None:
         """The learner took a batch: admit the next one."""
         with self.cond:
