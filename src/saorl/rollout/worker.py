@@ -224,7 +224,8 @@ class RolloutWorker:
         self._bg_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[Episode, Completion, concurrent.futures.Future, float]] = []
         # Agent programs (`env.name = "agent"`): their episodes and the endpoint they call,
-        # built with the first one; calls from its HTTP threads wait here for this thread.
+        # built with the first one; their calls (from its HTTP threads or the agents' event
+        # loop) wait here for this thread.
         self.agents: Any = None
         self._calls: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._wake = threading.Event()  # a call queued or an agent program done
