@@ -2,6 +2,7 @@
 
     python benchmarks/bench_endpoint.py [--episodes 256] [--concurrent 64] [--length 16]
                                         [--latency-episodes 40] [--repeats 3] [--out PATH]
+                                        [--arms inproc,endpoint,http]
 
 Workload: the built-in model (random init) and the built-in addition task; every model turn is
 forced to exactly `--length` tokens (EOS suppressed, `AgentLimits.forced_length`), so both arms
@@ -10,13 +11,18 @@ decode the same number of tokens and the same prompts. One rollout worker, one H
     inproc    the worker's own agent loop: `ArithmeticEnv` episodes (reset, one turn, graded)
     endpoint  the same episodes written as an agent program: `async def run(task, client)`
               sends the task's prompt with the `openai` SDK to the worker's endpoint and grades
-              the reply (HTTP on loopback, the worker's handover, token recording)
+              the reply (the client it is given: served in-process, no HTTP; the worker's
+              handover, token recording)
+    http      the same program with an `openai` client of its own built from the episode's
+              base URL and key (HTTP on loopback, as other SDKs and command agents call)
 
 Throughput: trajectories/s over `--episodes` episodes with `--concurrent` sequences decoded
-together (the engine full), best of `--repeats`; ratio = endpoint / inproc. Added latency per
-call: the same arms with one episode at a time (`--latency-episodes`, `max_concurrent = 1`),
-(endpoint time - inproc time) / episodes, each episode being one call. Both arms run one after
-the other in this process on the same machine; the load average at the start is recorded.
+together (the engine full), best of `--repeats`; ratio = arm / inproc; and this process's CPU
+time per trajectory (on a shared machine wall time mostly measures waiting for a core). Added
+latency per call: the same arms with one episode at a time (`--latency-episodes`,
+`max_concurrent = 1`), (arm time - inproc time) / episodes, each episode being one call. The
+arms take turns in each repeat, in this process on the same machine; the load average at the
+start is recorded.
 """
 
 from __future__ import annotations
@@ -48,6 +54,25 @@ async def agent(task, client):
     return float((reply.choices[0].message.content or "").strip() == task["answer"])
 
 
+_POOLS: dict = {}
+
+
+async def http_agent(task, client):
+    """`agent` over HTTP: its own client from the episode's URL and key (one connection pool
+    per event loop, as `saorl.envs.agent` keeps: building one costs ~0.2 s)."""
+    import asyncio
+
+    import openai
+
+    loop = asyncio.get_running_loop()
+    if loop not in _POOLS:
+        _POOLS[loop] = openai.DefaultAsyncHttpxClient()
+    own = openai.AsyncOpenAI(
+        base_url=client.base_url, api_key=client.api_key, max_retries=0, http_client=_POOLS[loop]
+    )
+    return await agent(task, own)
+
+
 def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> float:
     """Seconds to finish one episode per task."""
     engine = HFEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
@@ -55,8 +80,8 @@ def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> float:
     if arm == "inproc":
         make_env = ArithmeticEnv
     else:
-        cfg = EnvConfig()
-        make_env = lambda: AgentProgram(cfg, agent, None, None)  # noqa: E731
+        cfg, fn = EnvConfig(), agent if arm == "endpoint" else http_agent
+        make_env = lambda: AgentProgram(cfg, fn, None, None)  # noqa: E731
     out: queue.Queue = queue.Queue()
     feed = FixedFeed(list(tasks))
     worker = RolloutWorker(engine, feed, tok, out, make_env, limits)
@@ -81,6 +106,7 @@ def main() -> None:
     ap.add_argument("--latency-episodes", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/endpoint.json")
+    ap.add_argument("--arms", default="inproc,endpoint,http", help="inproc first")
     args = ap.parse_args()
     load = os.getloadavg()[0]
     import torch
@@ -91,39 +117,45 @@ def main() -> None:
     task = ArithmeticTask(2, 16, 1234)
     rng = random.Random(0)
     tasks = [task.sample(rng) for _ in range(args.episodes)]
+    arms = args.arms.split(",")
     # Warm-up: first calls pay imports (openai) and allocator growth.
-    for arm in ("inproc", "endpoint"):
+    for arm in arms:
         run_arm(arm, model, tok, tasks[:8], 8, args.length)
-    result = {}
-    for arm in ("inproc", "endpoint"):
-        times = [
-            run_arm(arm, model, tok, tasks, args.concurrent, args.length)
-            for _ in range(args.repeats)
-        ]
-        lat = [
-            run_arm(arm, model, tok, tasks[: args.latency_episodes], 1, args.length)
-            for _ in range(args.repeats)
-        ]
-        result[arm] = {
-            "seconds": times,
-            "trajectories_per_s": len(tasks) / min(times),
-            "sequential_seconds": lat,
-            "sequential_s_per_episode": min(lat) / args.latency_episodes,
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    cpu: dict[str, list[float]] = {a: [] for a in arms}
+    lat: dict[str, list[float]] = {a: [] for a in arms}
+    for _ in range(args.repeats):  # the arms take turns: a change of load hits them alike
+        for arm in arms:
+            c0 = time.process_time()  # this process's CPU: less swayed by others' load
+            times[arm].append(run_arm(arm, model, tok, tasks, args.concurrent, args.length))
+            cpu[arm].append(time.process_time() - c0)
+            sub = tasks[: args.latency_episodes]
+            lat[arm].append(run_arm(arm, model, tok, sub, 1, args.length))
+    result = {
+        arm: {
+            "seconds": times[arm],
+            "trajectories_per_s": len(tasks) / min(times[arm]),
+            "cpu_seconds": cpu[arm],
+            "cpu_ms_per_trajectory": min(cpu[arm]) / len(tasks) * 1000,
+            "sequential_seconds": lat[arm],
+            "sequential_s_per_episode": min(lat[arm]) / args.latency_episodes,
         }
-        print(arm, result[arm], flush=True)
-    ratio = result["endpoint"]["trajectories_per_s"] / result["inproc"]["trajectories_per_s"]
-    added = (
-        result["endpoint"]["sequential_s_per_episode"]
-        - result["inproc"]["sequential_s_per_episode"]
-    )
+        for arm in arms
+    }
+    base = result["inproc"]
+    ratios, added = {}, {}
+    for arm in arms[1:]:
+        ratios[arm] = result[arm]["trajectories_per_s"] / base["trajectories_per_s"]
+        gap = result[arm]["sequential_s_per_episode"] - base["sequential_s_per_episode"]
+        added[arm] = gap * 1000
+        print(f"{arm}: throughput ratio {ratios[arm]:.3f}, added latency {added[arm]:.2f} ms/call")
     report = {
         "workload": vars(args) | {"out": str(args.out)},
         "arms": result,
-        "throughput_ratio_endpoint_over_inproc": ratio,
-        "added_latency_ms_per_call": added * 1000,
+        "throughput_ratio_over_inproc": ratios,
+        "added_latency_ms_per_call": added,
         "machine": machine(load),
     }
-    print(f"throughput ratio {ratio:.3f}, added latency {added * 1000:.2f} ms per call")
     write_report(args.out, report)
 
 

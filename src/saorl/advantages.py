@@ -181,7 +181,9 @@ def length_adaptive_lambda(action_mask: Tensor, alpha: float = 1.5) -> Tensor:
 
 
 @torch.no_grad()
-def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float = 1e-6) -> Tensor:
+def group_normalized_advantages(
+    rewards: Tensor, group_ids: Tensor, eps: float = 1e-6, weights: Tensor | None = None
+) -> Tensor:
     """GRPO outcome advantage, normalised within each group (paper section 2).
 
     ``A_i = (R_i - mean_g(R)) / (std_g(R) + eps)`` where ``g`` is the group of sample i and
@@ -194,6 +196,9 @@ def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float =
         rewards: ``(N,)`` scalar rewards.
         group_ids: ``(N,)`` integer group id of each sample (e.g. the prompt index).
         eps: added to the std.
+        weights: ``(N,)`` each sample's weight in its group's mean and std (None: 1 each).
+            The segments of an agent episode weigh 1/k each (``Batch.episode_weights``), so
+            the statistics are over episodes, each counted once.
 
     Returns:
         ``(N,)`` advantages in ``rewards``' float dtype (float32 for integer rewards).
@@ -209,11 +214,15 @@ def group_normalized_advantages(rewards: Tensor, group_ids: Tensor, eps: float =
     r = rewards.to(torch.float64)
     _, inverse = torch.unique(group_ids, return_inverse=True)
     num_groups = int(inverse.max()) + 1
-    counts = torch.bincount(inverse, minlength=num_groups).to(torch.float64)
-    mean = torch.zeros(num_groups, dtype=torch.float64, device=r.device).index_add_(0, inverse, r)
-    mean = mean / counts
+    w = None if weights is None else weights.to(device=r.device, dtype=torch.float64)
+    zeros = torch.zeros(num_groups, dtype=torch.float64, device=r.device)
+    if w is None:
+        counts = torch.bincount(inverse, minlength=num_groups).to(torch.float64)
+    else:
+        counts = zeros.clone().index_add_(0, inverse, w)
+    mean = zeros.clone().index_add_(0, inverse, r if w is None else w * r) / counts
     dev = r - mean[inverse]
-    var = torch.zeros_like(mean).index_add_(0, inverse, dev**2) / counts
+    var = zeros.clone().index_add_(0, inverse, dev**2 if w is None else w * dev**2) / counts
     gmax = torch.full_like(mean, -torch.inf).scatter_reduce_(0, inverse, r, reduce="amax")
     gmin = torch.full_like(mean, torch.inf).scatter_reduce_(0, inverse, r, reduce="amin")
     # Test constancy on the raw rewards: dev of a constant group can be a rounding residue

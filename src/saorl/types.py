@@ -101,6 +101,9 @@ class Batch:
     # Each row's number of real tokens, on the host: lets a forward pass choose its attention
     # mask without reading `attention_mask` back from the device. None: not known.
     lengths: list[int] | None = None
+    # float, (B,): a row's weight in its GRPO group's statistics, 1/k for each of an agent
+    # episode's k segments (`agent/segments`); None when every row is a whole episode.
+    episode_weights: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -165,6 +168,7 @@ class Batch:
             prompt_keys=[t.prompt_key for t in trajs],
             routing=_pad_routing(trajs, T),
             lengths=lengths,
+            episode_weights=_episode_weights(trajs),
         )
 
 
@@ -188,3 +192,10 @@ def fit_routing(routing: torch.Tensor | None, length: int) -> torch.Tensor | Non
         return routing[:length]
     pad = routing.new_full((length - len(routing), *routing.shape[1:]), -1)
     return torch.cat([routing, pad])
+
+
+def _episode_weights(trajs: list[Trajectory]) -> torch.Tensor | None:
+    segments = [max(1, int(t.info.get("agent/segments", 1))) for t in trajs]
+    if all(k == 1 for k in segments):
+        return None
+    return torch.tensor([1.0 / k for k in segments], dtype=torch.float)

@@ -42,10 +42,11 @@ def run_agents(
     timeout_s: float = 60.0,
     tool_format: str = "hermes",
     make_env: Any = None,
+    configure: Any = None,
 ) -> tuple[list[Any], RolloutWorker]:
     """Every trajectory the worker emits for `tasks` (one episode each), and the worker.
     `make_env`: the programs' factory (an EnvSpec's), instead of an AgentProgram of `fn` or
-    `command`."""
+    `command`; `configure(worker)` runs before it starts."""
     cfg = EnvConfig(agent_command=command, tool_format=tool_format, step_timeout_s=timeout_s)
     feed = FixedFeed(list(tasks))
     out: queue.Queue = queue.Queue()
@@ -54,6 +55,8 @@ def run_agents(
     )
     make_env = make_env or (lambda: AgentProgram(cfg, fn, grader, scorer))
     worker = RolloutWorker(engine, feed, tok, out, make_env, limits)
+    if configure is not None:
+        configure(worker)
     worker.start()
     deadline = time.monotonic() + timeout_s + 30
     while (feed.items or worker.active) and time.monotonic() < deadline:

@@ -321,7 +321,10 @@ def test_many_agents_connecting_at_once_are_all_served():
     engine.max_concurrent = n  # every episode starts, and connects, at the same moment
 
     async def agent(task, client):
-        r = await client.chat.completions.create(
+        # Over HTTP (the given client is served in-process): a client of its own, as other
+        # SDKs build from the episode's base URL and key.
+        http = openai.AsyncOpenAI(base_url=client.base_url, api_key=client.api_key, max_retries=0)
+        r = await http.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": task["prompt"]}]
         )
         return float(r.choices[0].message.content == "42")

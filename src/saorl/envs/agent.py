@@ -75,10 +75,12 @@ class AgentProgram:
         api_key: str,
         conversation: Callable[[], list[dict]],
         worker: str = "",
+        local: Callable[[], Any] | None = None,
     ) -> tuple[float, dict[str, Any]]:
-        """Run the program for one episode: `(reward, metrics)`; raises on failure."""
+        """Run the program for one episode: `(reward, metrics)`; raises on failure. `local`
+        gives the in-process HTTP client of the endpoint (`TrainingEndpoint.local_client`)."""
         if self.fn is not None:
-            result = await self._call(task_dict(task), base_url, api_key)
+            result = await self._call(task_dict(task), base_url, api_key, local)
         else:
             result = await self._spawn(task_dict(task), base_url, api_key, worker)
         reward, metrics = _read_result(result, self.metric_prefix)
@@ -86,7 +88,9 @@ class AgentProgram:
             reward, metrics = await self._score(task, conversation(), metrics)
         return reward, metrics
 
-    async def _call(self, task: dict[str, Any], base_url: str, api_key: str) -> Any:
+    async def _call(
+        self, task: dict[str, Any], base_url: str, api_key: str, local: Callable[[], Any] | None
+    ) -> Any:
         import openai
 
         client = openai.AsyncOpenAI(
@@ -94,7 +98,8 @@ class AgentProgram:
             api_key=api_key,
             max_retries=0,
             timeout=self.timeout_s,
-            http_client=_http_client(),
+            # In-process: the same endpoint without the socket (its base_url still serves HTTP).
+            http_client=local() if local is not None else _http_client(),
         )
         result = self.fn(task, client)  # type: ignore[misc]
         return await result if inspect.isawaitable(result) else result

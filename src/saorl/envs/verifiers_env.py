@@ -209,7 +209,10 @@ class VerifiersProgram(AgentProgram):
         api_key: str,
         conversation: Callable[[], list[dict]],
         worker: str = "",
+        local: Callable[[], Any] | None = None,
     ) -> tuple[float, dict[str, Any]]:
+        # `local` (the in-process client) is unused: verifiers' runner is another process and
+        # reaches the endpoint over HTTP.
         result = await self._runner().episode(task.index, base_url)
         reward, metrics = _read_result(result, self.metric_prefix)
         if reward is None:

@@ -170,7 +170,9 @@ class Learner(PolicyUpdate):
         elif algo.advantage == "group":
             # GRPO: the group-normalised outcome, the same on every action token of a row.
             # On the CPU batch: finding the groups (torch.unique) would wait for the device.
-            seq_adv = group_normalized_advantages(batch.scores, batch.group_ids)
+            seq_adv = group_normalized_advantages(
+                batch.scores, batch.group_ids, weights=batch.episode_weights
+            )
             seq_adv = seq_adv.to(device=mask.device, dtype=mask.dtype)
             advantages = seq_adv[:, None] * mask
         elif algo.advantage == "running_mean":

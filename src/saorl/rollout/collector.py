@@ -17,11 +17,19 @@ from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
 
+def episodes(trajs: list[Trajectory]) -> float:
+    """How many episodes `trajs` are: an agent episode whose history was rewritten is several
+    trajectories (segments, `agent/segments` in each one's info), together one episode, so
+    one member of its group (docs/agents.md)."""
+    return sum(1 / max(1, int(t.info.get("agent/segments", 1))) for t in trajs)
+
+
 class BatchCollector:
     """Forms learner batches from finished trajectories, in completion order.
 
     Single-rollout algorithms take the first `n` fresh-enough trajectories. Group algorithms
-    (GRPO) take whole groups: a group is ready when its last member finishes (the hidden
+    (GRPO) take whole groups of episodes (an agent episode's segments are one member, all of
+    its trajectories in the batch): a group is ready when its last member finishes (the hidden
     barrier the paper measures: `async/group_wait_s` is the time from its first member
     finishing to its last), and is dropped whole if any member failed or is too stale.
     Every dropped rollout frees its admission slot so a replacement can start.
@@ -47,6 +55,8 @@ class BatchCollector:
         self.failures = FailureLog()  # env_error messages, printed once each and counted
         self.batches = 0  # batches formed; the first one is checked for mostly failures
         self.recent_failed: list[Trajectory] = []  # the current batch's failures (a few)
+        self._unreleased = 0.0  # dropped episodes' shares not yet released (`_drop`)
+        self._uncharged = 0.0  # batched segments' extra shares not yet charged (`_charge`)
 
     def _next(self) -> Trajectory | None:
         for w in self.workers:
@@ -99,8 +109,21 @@ class BatchCollector:
                 "from the dataset"
             )
 
-    def _drop(self, count: int) -> None:
-        for _ in range(count):
+    def _charge(self, members: list[Trajectory]) -> None:
+        # A batched episode of k segments takes k places in batches for its one admission:
+        # the k - 1 extra are charged to admission (1 - 1/k a segment, in whole units).
+        self._uncharged += len(members) - episodes(members)
+        if self._uncharged > 1 - 1e-6:
+            whole = int(self._uncharged + 1e-6)
+            self._uncharged -= whole
+            self.feed.charge(whole)
+
+    def _drop(self, members: list[Trajectory]) -> None:
+        # Admission counts episodes: an agent episode of k segments frees one slot, 1/k a
+        # segment (`episodes`), so whole slots are released as the shares add up.
+        self._unreleased += episodes(members)
+        while self._unreleased > 1 - 1e-6:
+            self._unreleased -= 1
             self.feed.release()
 
     def collect(
@@ -131,19 +154,20 @@ class BatchCollector:
                 g = traj.group_id
                 self.first_done.setdefault(g, time.perf_counter())
                 self.partial.setdefault(g, []).append(traj)
-                if len(self.partial[g]) < self.group_size:
+                if episodes(self.partial[g]) < self.group_size - 1e-6:
                     continue
                 members = self.partial.pop(g)
                 group_waits.append(time.perf_counter() - self.first_done.pop(g))
             if any(t.stop_reason in UNTRAINABLE for t in members):
                 self.failed += sum(t.stop_reason in UNTRAINABLE for t in members)
-                self._drop(len(members))  # infrastructure failure: says nothing about the policy
+                self._drop(members)  # infrastructure failure: says nothing about the policy
                 continue
             if max(t.staleness(version) for t in members) > max_staleness:
                 dropped += len(members)  # the safety net behind admission control
-                self._drop(len(members))
+                self._drop(members)
                 continue
             batch.extend(members)
+            self._charge(members)
         if self.batches == 0:
             self.failures.check_first_batch(errored, judged, n, formed=True)
         self.batches += 1

@@ -19,10 +19,16 @@ into prompt ids (`AgentSession.prompt_ids`), hands the request to the worker thr
 turn; it records the turn (`AgentSession.record`) before replying, so an agent that has its
 answer has it recorded. A token call is recorded as it came: its prompt ids as sent (extending
 the episode's trajectory when they start with its tokens), the sampled ids as sampled.
+
+In-process clients (the `openai.AsyncOpenAI` a Python agent gets) skip the socket:
+`LocalTransport` hands their requests to the same code on the agent's own event loop and awaits
+the engine's future there, so a call costs no HTTP parsing and no hop through a handler thread
+(each hop is a thread wake-up, slow on a loaded machine). What is served is the same either way.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import re
@@ -30,6 +36,7 @@ import secrets
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -78,6 +85,7 @@ class TrainingEndpoint:
         self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
         self._lock = threading.Lock()
+        self._local: Any = None
         self.server = _Server((host, port), _handler_class(self))
         self.server.daemon_threads = True
         self._thread = threading.Thread(
@@ -96,6 +104,14 @@ class TrainingEndpoint:
         with self._lock:
             self.sessions[session.key] = session
         return session
+
+    def local_client(self) -> Any:
+        """The `httpx.AsyncClient` of in-process agents (`LocalTransport`), one per endpoint."""
+        if self._local is None:
+            import httpx
+
+            self._local = httpx.AsyncClient(transport=LocalTransport(self), trust_env=False)
+        return self._local
 
     def base_url(self, session: AgentSession) -> str:
         return f"{self.root}/episodes/{session.key}/v1"
@@ -135,52 +151,74 @@ class TrainingEndpoint:
             code="invalid_api_key",
         )
 
-    def _complete(self, prompt: list[int], max_tokens: int | None, stop: list[str]) -> Completion:
-        """The engine's completion of `prompt`, waited for."""
+    def begin(self, method: str, path: str, headers: Any, raw: bytes) -> dict[str, Any] | Call:
+        """A request's answer (`GET /v1/models`) or its call, submitted to the engine; raises
+        ApiError for a request the endpoint refuses."""
+        match = _ROUTE.match(path.split("?", 1)[0])
+        if match is None:
+            raise ApiError(404, f"no route {path!r}", code="not_found")
+        key, what = match.group("key"), match.group("what")
+        if what == "v1/models":
+            if method != "GET":
+                raise ApiError(405, "use GET for the model list")
+            if key is not None:
+                self.session_for(key, headers)
+            return served_models(self.models, self.context_len)
+        if method != "POST":
+            raise ApiError(405, f"use POST for /{what}")
+        session = self.session_for(key, headers)
+        if what == "inference/v1/generate":
+            token_req = check_generate(parse_json(raw), self.models, len(self.tokenizer))
+            # The engine stops at the model's EOS itself; other stop ids (a chat template's
+            # end-of-turn token) are matched as their text, which the engine checks as it samples.
+            eos = self.tokenizer.eos_token_id
+            texts = [self.tokenizer.decode([t]) for t in token_req.stop_token_ids if t != eos]
+            ids = token_req.token_ids
+            stop = [*token_req.stop, *filter(None, texts)]
+            return self._call(token_req, session, ids, session.extends(ids), stop)
+        req = check_chat(parse_json(raw), self.models)
+        prompt, extends = session.prompt_ids(req.messages, req.tools)
+        return self._call(req, session, prompt, extends, req.stop)
+
+    def _call(
+        self,
+        req: ChatRequest | GenerateRequest,
+        session: AgentSession,
+        prompt: list[int],
+        extends: bool,
+        stop: list[str],
+    ) -> Call:
         if len(prompt) >= self.context_len:
             raise ApiError(
                 400,
-                f"the prompt is {len(prompt)} tokens; the context holds {self.context_len}",
+                # OpenAI's wording, which clients (litellm) recognise as a context overflow
+                f"This model's maximum context length is {self.context_len} tokens; the prompt "
+                f"is {len(prompt)} tokens",
                 code="context_length_exceeded",
             )
-        future = self.submit(prompt, max_tokens, stop)
-        try:
-            c: Completion = future.result(timeout=self.call_timeout_s)
-        except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
-            raise ApiError(
-                503, "the call was cancelled (the episode or the run ended)", kind="server_error"
-            ) from None
+        return Call(req, session, prompt, extends, self.submit(prompt, req.max_tokens, stop))
+
+    def finish(self, call: Call, c: Completion) -> Reply | dict[str, Any]:
+        """Record the engine's turn for `call` and build its reply (a token call's: its body)."""
+        req, prompt = call.req, call.prompt
         if c.finish_reason == "aborted":
             raise ApiError(
                 503, "the engine aborted the call (the run is stopping)", kind="server_error"
             )
-        return c
-
-    def generate(self, req: GenerateRequest, session: AgentSession) -> dict[str, Any]:
-        """Run one token call of `session` through the engine and record it token-exact."""
-        # The engine stops at the model's EOS itself; other stop ids (a chat template's
-        # end-of-turn token) are matched as their text, which the engine checks as it samples.
-        eos = self.tokenizer.eos_token_id
-        texts = [self.tokenizer.decode([t]) for t in req.stop_token_ids if t != eos]
-        c = self._complete(req.token_ids, req.max_tokens, [*req.stop, *filter(None, texts)])
-        text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
-        session.record(
-            [],
-            None,
-            req.token_ids,
-            session.extends(req.token_ids),
-            c.token_ids,
-            c.logprobs,
-            c.versions,
-            c.finish_reason,
-            {"role": "assistant", "content": text},
-        )
-        return generate_body(c.token_ids, c.logprobs, c.finish_reason, len(req.token_ids))
-
-    def chat(self, req: ChatRequest, session: AgentSession) -> Reply:
-        """Run one call of `session` through the engine and record it."""
-        prompt, extends = session.prompt_ids(req.messages, req.tools)
-        c = self._complete(prompt, req.max_tokens, req.stop)
+        if isinstance(req, GenerateRequest):
+            text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+            call.session.record(
+                [],
+                None,
+                prompt,
+                call.extends,
+                c.token_ids,
+                c.logprobs,
+                c.versions,
+                c.finish_reason,
+                {"role": "assistant", "content": text},
+            )
+            return generate_body(c.token_ids, c.logprobs, c.finish_reason, len(prompt))
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         for s in req.stop:  # the API leaves out the stop string that ended the turn
             if c.finish_reason == "stop" and text.endswith(s):
@@ -206,11 +244,11 @@ class TrainingEndpoint:
             len(c.token_ids),
             logprobs,
         )
-        session.record(
+        call.session.record(
             req.messages,
             req.tools,
             prompt,
-            extends,
+            call.extends,
             c.token_ids,
             c.logprobs,
             c.versions,
@@ -218,6 +256,106 @@ class TrainingEndpoint:
             reply.message(),
         )
         return reply
+
+    def serve(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
+        """One request, start to end, blocking this thread on the engine (HTTP handlers)."""
+        try:
+            call = self.begin(method, path, headers, raw)
+            if not isinstance(call, Call):
+                return Answer(200, call)
+            try:
+                c = call.future.result(timeout=self.call_timeout_s)
+            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
+                raise _CANCELLED from None
+            return Answer.of(call.req, self.finish(call, c))
+        except ApiError as e:
+            return Answer(e.status, e.body())
+        except Exception as e:  # a bug here must not take the worker down: the agent sees it
+            return Answer(500, _internal(e))
+
+    async def serve_async(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
+        """`serve` on the caller's event loop: it awaits the engine instead of blocking."""
+        try:
+            call = self.begin(method, path, headers, raw)
+            if not isinstance(call, Call):
+                return Answer(200, call)
+            try:
+                c = await asyncio.wait_for(asyncio.wrap_future(call.future), self.call_timeout_s)
+            except (asyncio.CancelledError, TimeoutError):
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # the agent itself was cancelled (its episode timed out)
+                raise _CANCELLED from None
+            return Answer.of(call.req, self.finish(call, c))
+        except ApiError as e:
+            return Answer(e.status, e.body())
+        except Exception as e:
+            return Answer(500, _internal(e))
+
+
+@dataclass
+class Call:
+    """A chat or token call submitted to the engine, between `begin` and `finish`."""
+
+    req: ChatRequest | GenerateRequest
+    session: AgentSession
+    prompt: list[int]
+    extends: bool
+    future: concurrent.futures.Future
+
+
+@dataclass
+class Answer:
+    """A response: a JSON body, or (`events`) the server-sent events of a streamed reply."""
+
+    status: int
+    body: dict[str, Any] | None = None
+    events: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, req: ChatRequest | GenerateRequest, reply: Reply | dict[str, Any]) -> Answer:
+        if isinstance(reply, dict):  # a token call's body
+            return cls(200, reply)
+        if not req.stream:
+            return cls(200, reply.body())
+        chunks = [f"data: {json.dumps(c)}\n\n" for c in reply.chunks(req.include_usage)]
+        return cls(200, events=[e.encode() for e in [*chunks, "data: [DONE]\n\n"]])
+
+
+_CANCELLED = ApiError(
+    503, "the call was cancelled (the episode or the run ended)", kind="server_error"
+)
+
+
+def _internal(e: Exception) -> dict[str, Any]:
+    return ApiError(500, f"{type(e).__name__}: {e}", kind="server_error").body()
+
+
+class LocalTransport:
+    """An httpx transport (duck-typed: httpx is imported only when one is built) that serves
+    requests in-process through `endpoint.serve_async`, on the client's own event loop (see
+    the module docstring). The URL's path routes the request as over HTTP; host and port are
+    not used."""
+
+    def __init__(self, endpoint: TrainingEndpoint) -> None:
+        import httpx
+
+        self.endpoint, self._httpx = endpoint, httpx
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raw = await request.aread()
+        path = request.url.raw_path.decode()
+        answer = await self.endpoint.serve_async(request.method, path, request.headers, raw)
+        if answer.events is not None:
+            headers = {"Content-Type": "text/event-stream"}
+            content = b"".join(answer.events)
+        else:
+            headers, content = {"Content-Type": "application/json"}, json.dumps(answer.body)
+        return self._httpx.Response(
+            answer.status, headers=headers, content=content, request=request
+        )
+
+    async def aclose(self) -> None:
+        pass
 
 
 class _Server(ThreadingHTTPServer):
@@ -233,13 +371,7 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
         # waits for the client's delayed ACK (~40 ms a call).
         disable_nagle_algorithm = True
 
-        def _route(self) -> tuple[str | None, str]:
-            match = _ROUTE.match(self.path.split("?", 1)[0])
-            if match is None:
-                raise ApiError(404, f"no route {self.path!r}", code="not_found")
-            return match.group("key"), match.group("what")
-
-        def _json(self, status: int, body: dict[str, Any]) -> None:
+        def _json(self, status: int, body: dict[str, Any] | None) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -247,52 +379,29 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _sse(self, chunks: list[dict[str, Any]]) -> None:
+        def _sse(self, events: list[bytes]) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Cache-Control", "no-cache")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for event in [*(f"data: {json.dumps(c)}\n\n" for c in chunks), "data: [DONE]\n\n"]:
-                data = event.encode()
+            for data in events:
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
             self.wfile.write(b"0\r\n\r\n")
 
+        def _answer(self, method: str, raw: bytes = b"") -> None:
+            answer = endpoint.serve(method, self.path, self.headers, raw)
+            if answer.events is not None:
+                self._sse(answer.events)
+            else:
+                self._json(answer.status, answer.body)
+
         def do_GET(self) -> None:
-            try:
-                key, what = self._route()
-                if what != "v1/models":
-                    raise ApiError(405, f"use POST for /{what}")
-                if key is not None:
-                    endpoint.session_for(key, self.headers)
-                self._json(200, served_models(endpoint.models, endpoint.context_len))
-            except ApiError as e:
-                self._json(e.status, e.body())
+            self._answer("GET")
 
         def do_POST(self) -> None:
-            try:
-                raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                key, what = self._route()
-                if what == "v1/models":
-                    raise ApiError(405, "use GET for the model list")
-                session = endpoint.session_for(key, self.headers)
-                if what == "inference/v1/generate":
-                    vocab = len(endpoint.tokenizer)
-                    token_req = check_generate(parse_json(raw), endpoint.models, vocab)
-                    return self._json(200, endpoint.generate(token_req, session))
-                req = check_chat(parse_json(raw), endpoint.models)
-                reply = endpoint.chat(req, session)
-            except ApiError as e:
-                return self._json(e.status, e.body())
-            except Exception as e:  # a bug here must not take the worker down: the agent sees it
-                return self._json(
-                    500, ApiError(500, f"{type(e).__name__}: {e}", kind="server_error").body()
-                )
-            if req.stream:
-                self._sse(reply.chunks(req.include_usage))
-            else:
-                self._json(200, reply.body())
+            self._answer("POST", self.rfile.read(int(self.headers.get("Content-Length") or 0)))
 
         def log_message(self, *args: object) -> None:
             pass

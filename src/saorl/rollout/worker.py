@@ -101,6 +101,13 @@ class PromptFeed:
             self.admitted -= 1
             self.cond.notify_all()
 
+    def charge(self, n: int) -> None:
+        """`n` trajectories went into batches beyond their episodes' admissions (an agent
+        episode of k segments fills k places): count them as admitted, so that the rule,
+        whose cap is in trajectories (`batch_size` per batch), counts them too."""
+        with self.cond:
+            self.admitted += n
+
     def consume(self) -> None:
         """The learner took a batch: admit the next one."""
         with self.cond:
@@ -220,9 +227,12 @@ class RolloutWorker:
         self._bg_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[Episode, Completion, concurrent.futures.Future, float]] = []
         # Agent programs (`env.name = "agent"`): their episodes and the endpoint they call,
-        # built with the first one; calls from its HTTP threads wait here for this thread.
+        # built with the first one; their calls (from its HTTP threads or the agents' event
+        # loop) wait here for this thread.
         self.agents: Any = None
         self._calls: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
+        self._wake = threading.Event()  # a call queued or an agent program done
+        self.step_s = 0.02  # recent engine step time (moving average): agent calls' hold
 
     # -- episodes ----------------------------------------------------------------------------
     def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
@@ -282,6 +292,7 @@ class RolloutWorker:
             min_new_tokens=forced,
         )
         self._calls.put(request)
+        self._wake.set()
         return future
 
     def _start_episode(self, task: Any, group_id: int = -1) -> None:
@@ -399,12 +410,17 @@ class RolloutWorker:
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""
-        while not self._calls.empty():  # endpoint calls join the running batch
-            self._requests += 1
-            request = self._calls.get()
-            request.request_id = self._requests
-            self.engine.add_request(request)
-        done = self.engine.step() if self.engine.num_unfinished() else []
+        if self.agents is None or self.agents.admit_calls():  # endpoint calls join the batch
+            while not self._calls.empty():
+                self._requests += 1
+                request = self._calls.get()
+                request.request_id = self._requests
+                self.engine.add_request(request)
+        done: list[Completion] = []
+        if self.engine.num_unfinished():
+            t0 = time.perf_counter()
+            done = self.engine.step()
+            self.step_s += 0.2 * (time.perf_counter() - t0 - self.step_s)
         for c in done:
             self._on_turn(c)
         self._drain_env_results()
@@ -437,8 +453,11 @@ class RolloutWorker:
                         self.feed.cond.wait(timeout=0.05)
                     self.idle_s += time.perf_counter() - t0
                     continue
-                if self.engine.num_unfinished() == 0 and self._calls.empty():
-                    time.sleep(0.001)  # only environment steps (or agent programs) in flight
+                held = self.agents is not None and not self.agents.admit_calls()
+                if self.engine.num_unfinished() == 0 and (held or self._calls.empty()):
+                    # Nothing to decode: environment steps, agent programs or held calls.
+                    self._wake.wait(0.001)
+                    self._wake.clear()
                 self.step()
         except BaseException as e:  # surfaced to the learner thread, which re-raises
             self.error = e
