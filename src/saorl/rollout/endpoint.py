@@ -131,7 +131,9 @@ class TrainingEndpoint:
         if len(prompt) >= self.context_len:
             raise ApiError(
                 400,
-                f"the prompt is {len(prompt)} tokens; the context holds {self.context_len}",
+                # OpenAI's wording, which clients (litellm) recognise as a context overflow
+                f"This model's maximum context length is {self.context_len} tokens; the prompt "
+                f"is {len(prompt)} tokens",
                 code="context_length_exceeded",
             )
         future = self.submit(prompt, req.max_tokens, req.stop)
