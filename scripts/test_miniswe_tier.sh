@@ -2,8 +2,8 @@
 # The `miniswe` test tier (tests/miniswe_tier/): mini-swe-agent, the pinned release, unmodified,
 # in a venv of its own, .venv-miniswe (its litellm and openai pins are its own business: saorl
 # runs it as an agent command). The tests run in the main venv (.venv, made first by the README's
-# test command) and start mini-swe-agent from .venv-miniswe. ~5-10 min on 2 shared cores once
-# the venv exists (building it downloads ~750 MB of wheels once).
+# test command) and start mini-swe-agent from .venv-miniswe. ~6-8 min on 2 shared cores once
+# the venv exists (building it installs ~750 MB of packages once).
 #
 #   bash scripts/test_miniswe_tier.sh     # creates .venv-miniswe on first use, then runs the tier
 set -euo pipefail
