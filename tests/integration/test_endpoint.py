@@ -237,6 +237,9 @@ def test_clients_get_clear_errors_and_the_run_goes_on():
                 f"{root}/v1/chat/completions", json=body, headers={"X-Session-ID": key}
             )
             got["by_header"] = r.status_code
+            long = {"model": "policy", "messages": [{"role": "user", "content": "x" * 5000}]}
+            r = await http.post(f"{base}/chat/completions", json=long)
+            got["too_long"] = (r.status_code, r.json()["error"])
         for kwargs, name in (({"n": 2}, "n"), ({"model": "gpt-4o"}, "model")):
             try:
                 await client.chat.completions.create(
@@ -252,6 +255,9 @@ def test_clients_get_clear_errors_and_the_run_goes_on():
     assert got["malformed"] == 400 and got["no_messages"] == 400
     assert got["unknown_path"] == 404 and got["unknown_header"] == 404
     assert got["unknown_key"] == 401 and got["by_header"] == 200
+    status, error = got["too_long"]  # in OpenAI's words: litellm maps it to a context overflow
+    assert status == 400 and error["code"] == "context_length_exceeded"
+    assert error["message"].startswith("This model's maximum context length is 4096 tokens")
     assert got["n"][0] == 400 and "one choice" in got["n"][1]
     assert got["model"][0] == 404 and "policy" in got["model"][1]
     assert len(trajs) == 1 and trajs[0].reward == 1.0 and worker.error is None

@@ -17,6 +17,11 @@ environment grades the last assistant message (the one reply a single-turn task 
 Tasks come from `env.agent_tasks`, the name of any environment the factory builds ('math':
 `env.dataset` rows; 'arithmetic'; a task source such as 'reasoning_gym'): its `task.sample`
 and `task.held_out`, and its environment as the grader.
+
+Coding tasks ('swe') run command agents only: each episode gets a sandboxed shell over the
+task's repository copy (`saorl.envs.swe.agent_shell`, `SAORL_SHELL` in its environment), and
+the coding env's grade of that copy when the program exits is the reward, whatever the program
+printed (its other keys are kept: numbers as metrics, strings in the trajectory's info).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import math
 import numbers
 import os
 import signal
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -67,6 +73,7 @@ class AgentProgram:
         self.host, self.models = cfg.agent_host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
         self.timeout_s = cfg.step_timeout_s
+        self.workspace = cfg.agent_tasks == "swe"  # a repository copy and shell per episode
 
     async def run(
         self,
@@ -79,6 +86,8 @@ class AgentProgram:
     ) -> tuple[float, dict[str, Any]]:
         """Run the program for one episode: `(reward, metrics)`; raises on failure. `local`
         gives the in-process HTTP client of the endpoint (`TrainingEndpoint.local_client`)."""
+        if self.workspace:
+            return await self._run_on_workspace(task, base_url, api_key, worker)
         if self.fn is not None:
             result = await self._call(task_dict(task), base_url, api_key, local)
         else:
@@ -104,7 +113,31 @@ class AgentProgram:
         result = self.fn(task, client)  # type: ignore[misc]
         return await result if inspect.isawaitable(result) else result
 
-    async def _spawn(self, task: dict[str, Any], base_url: str, api_key: str, worker: str) -> Any:
+    async def _run_on_workspace(
+        self, task: Any, base_url: str, api_key: str, worker: str
+    ) -> tuple[float, dict[str, Any]]:
+        from saorl.envs.swe.agent_shell import AgentWorkspace
+
+        assert self.grader is not None
+        start = time.monotonic()
+        async with AgentWorkspace(self.grader(), task) as ws:  # type: ignore[arg-type]
+            result = await self._spawn(task_dict(task), base_url, api_key, worker, ws.env_vars)
+            reward, info = await ws.grade()
+        info["agent/episode_s"] = time.monotonic() - start  # the program's run and the grading
+        if isinstance(result, dict):
+            _, metrics = _read_result({k: v for k, v in result.items() if k != "reward"})
+            texts = {f"agent/{k}": v[:200] for k, v in result.items() if isinstance(v, str)}
+            info = {**info, **metrics, **texts}
+        return reward, info
+
+    async def _spawn(
+        self,
+        task: dict[str, Any],
+        base_url: str,
+        api_key: str,
+        worker: str,
+        extra_env: dict[str, str] | None = None,
+    ) -> Any:
         env = {
             **os.environ,
             "OPENAI_BASE_URL": base_url,
@@ -112,6 +145,7 @@ class AgentProgram:
             "OPENAI_MODEL": MODEL_NAME,
             "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
             **self.extra_env(),
+            **(extra_env or {}),
         }
         proc = await asyncio.create_subprocess_shell(
             self.command,
@@ -126,6 +160,7 @@ class AgentProgram:
         except BaseException:  # timed out (cancelled) or the run stops: no orphaned agents
             if proc.returncode is None:
                 os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()  # reaped on this loop, not by a transport's finaliser later
             raise
         tail = err.decode(errors="replace").strip()[-300:]
         if proc.returncode != 0:
@@ -202,6 +237,11 @@ def build_agent_spec(
     """The spec of `env.name = "agent"`: the tasks (and grader) of `env.agent_tasks`."""
     from saorl.envs.custom import load_reference
 
+    if cfg.agent_tasks == "swe" and cfg.agent:
+        raise ConfigError(
+            "env.agent_tasks = 'swe' runs command agents (env.agent_command): each gets a "
+            "sandboxed shell over its repository copy (docs/mini-swe-agent.md)"
+        )
     source = build_source(cfg.model_copy(update={"name": cfg.agent_tasks}), held_out_only)
     fn = load_reference(cfg.agent, "env.agent") if cfg.agent else None
     if fn is not None and not callable(fn):

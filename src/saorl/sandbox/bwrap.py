@@ -96,6 +96,7 @@ def bwrap_argv(
     rw_binds: Sequence[str] = (),
     network: bool = False,
     cwd: str | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """The full command: `bwrap <isolation> -- argv`, run in /sandbox (or `cwd`).
 
@@ -106,6 +107,7 @@ def bwrap_argv(
     read-write (the environment being built); `env` overrides or adds variables of
     `sandbox_env`. `network` keeps the host's network (bwrap cannot allow one host alone) with
     the files name resolution and TLS need; without it only a private loopback exists.
+    `links` are (target, link) symlinks made in the sandbox's root (`/testbed` -> `/sandbox`).
     """
     uid = str(SANDBOX_UID)
     args = [bwrap, "--unshare-user", "--uid", uid, "--gid", uid, "--unshare-pid"]
@@ -142,6 +144,8 @@ def bwrap_argv(
         args += [*size, "--tmpfs", SANDBOX_WORKDIR]
         for name, fd in file_fds.items():
             args += ["--file", str(fd), f"{SANDBOX_WORKDIR}/{name}"]
+    for target, link in links:
+        args += ["--symlink", target, link]
     args += ["--chdir", cwd or SANDBOX_WORKDIR]
     args += ["--remount-ro", "/", "--", *argv]
     return args

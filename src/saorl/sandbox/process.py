@@ -172,11 +172,13 @@ def execute(
     rw_binds: tuple[str, ...] = (),
     network: bool = False,
     cwd: str | None = None,
+    links: tuple[tuple[str, str], ...] = (),
 ) -> ExecResult:
     """Start, pump, kill and classify one sandboxed process tree (the slot is already held).
 
-    `ro_binds`, `env`, `rw_binds`, `network` and `cwd` are `bwrap_argv`'s (the fallback sees
-    every host path and the network anyway; it runs in `cwd` when given).
+    `ro_binds`, `env`, `rw_binds`, `network`, `cwd` and `links` are `bwrap_argv`'s (the
+    fallback sees every host path and the network anyway; it runs in `cwd` when given and
+    makes no links).
 
     Cleanup runs in reverse order of setup whatever happens (timeouts, KeyboardInterrupt):
     kill the tree, reap bwrap, remove the cgroups, close the memfds.
@@ -201,6 +203,7 @@ def execute(
                 rw_binds,
                 network,
                 cwd,
+                links,
             )
             cwd, env = None, {}
         else:

@@ -131,6 +131,7 @@ def run(
     rw_binds: Sequence[str | Path] = (),
     network: bool = False,
     cwd: str | Path | None = None,
+    links: Sequence[tuple[str, str]] = (),
 ) -> ExecResult:
     """Run `argv` (resolved on the sandbox's PATH: the venv's bin, then /usr/bin) contained.
 
@@ -140,8 +141,9 @@ def run(
     paths (a coding task's virtual environment), `rw_binds` read-write (a task environment
     being built); `env` sets variables over the sandbox's own (PATH included); `network` keeps
     the host's network (a package index; default: none); `cwd` is a bound path to start in
-    instead of /sandbox. Raises SandboxError only when the sandbox itself fails; an `argv` no
-    process can be given (a NUL byte, past the kernel's length limit) is an "error" result.
+    instead of /sandbox; `links` are (target, link) symlinks made inside (bwrap only). Raises
+    SandboxError only when the sandbox itself fails; an `argv` no process can be given (a NUL
+    byte, past the kernel's length limit) is an "error" result.
     """
     if not argv:
         raise ValueError("argv must name a command")
@@ -150,6 +152,7 @@ def run(
         "rw_binds": tuple(str(Path(p).resolve()) for p in rw_binds),
         "network": network,
         "cwd": str(Path(cwd).resolve()) if cwd is not None else None,
+        "links": tuple(links),
     }
     return _call(list(argv), workdir, limits or Limits(), stdin, backend, {}, binds, env, extra)
 
@@ -178,7 +181,7 @@ def _call(
     extra: dict | None = None,
 ) -> ExecResult:
     """One bounded-concurrency call; `files` are put in a fresh /sandbox before the start;
-    `extra` holds `execute`'s `rw_binds`, `network` and `cwd`.
+    `extra` holds `execute`'s `rw_binds`, `network`, `cwd` and `links`.
 
     Under bwrap a call without `workdir` never touches the host's disk: /sandbox is a sized
     tmpfs, charged to the call's memory cgroup, that vanishes with its mount namespace, and

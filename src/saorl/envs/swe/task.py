@@ -75,6 +75,12 @@ class SweTask:
     # test id -> the xfail/xpass/skip its gold run showed (validation): only that one counts
     gold_outcomes: dict[str, str] = field(default_factory=dict, repr=False)
 
+    def as_dict(self) -> dict[str, str]:
+        """What an agent program gets (`saorl.envs.agent`): SWE-bench's names for the issue,
+        never the gold patch or the tests."""
+        repo = self.source.repo if self.source else ""
+        return {"instance_id": self.key, "problem_statement": self.prompt, "repo": repo}
+
     def base_dir(self) -> Path:
         """The snapshot directory, materialized on first use (read it, never write it)."""
         return materialize(self.snapshot, self.fill)

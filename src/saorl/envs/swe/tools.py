@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.envs.swe.task import TaskEnv
-from saorl.sandbox import Limits, middle_truncate, run
+from saorl.sandbox import ExecResult, Limits, middle_truncate, run
 from saorl.toolcalls import ToolCall, ToolCallError, ToolFormat, parse_tool_call
 
 CODE_TAG = "bash"
@@ -150,17 +150,29 @@ class ToolRunner:
             output_bytes=max(4 * self.max_output_chars, 1 << 16),
         )
 
+    def bash(
+        self,
+        command: str,
+        workdir: Path,
+        env: TaskEnv | None = None,
+        links: tuple[tuple[str, str], ...] = (),
+    ) -> ExecResult:
+        """`bash -c command` in the sandbox over `workdir`, with the task's environment `env`
+        when it has one (an argument-checked command; `links` as `saorl.sandbox.run` takes)."""
+        return run(
+            ["bash", "-c", command],
+            workdir=workdir,
+            limits=self._limits(self.command_timeout_s),
+            ro_binds=(env.venv,) if env else (),
+            env=env.sandbox_env() if env else None,
+            links=links,
+        )
+
     def run(self, call: ToolCall, workdir: Path, env: TaskEnv | None = None) -> ToolOutcome:
         """Execute an argument-checked call (not `submit`) and return its observation; `bash`
         runs with the task's environment `env` when it has one."""
         if call.name == "bash":
-            result = run(
-                ["bash", "-c", call.arguments["command"]],
-                workdir=workdir,
-                limits=self._limits(self.command_timeout_s),
-                ro_binds=(env.venv,) if env else (),
-                env=env.sandbox_env() if env else None,
-            )
+            result = self.bash(call.arguments["command"], workdir, env)
             return ToolOutcome(result.to_observation(self.max_output_chars), result.status)
         spec = {"tool": call.name, "args": call.arguments}
         result = run(
