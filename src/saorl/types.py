@@ -16,9 +16,16 @@ from typing import Any, Literal
 import torch
 
 StopReason = Literal[
-    "eos", "stop", "answer", "max_turns", "max_tool_calls", "length", "context", "env_error",
+    "eos",
+    "stop",
+    "answer",
+    "max_turns",
+    "max_tool_calls",
+    "length",
+    "context",
+    "env_error",
     "aborted",
-]  # fmt: skip
+]
 
 
 @dataclass

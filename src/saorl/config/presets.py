@@ -61,15 +61,19 @@ _MINIBATCHES = (
     "clip-higher acts"
 )
 _SAO_CRITIC = (
-    Setting("critic.lr", 5e-4, f"{_SAO}: critic lr 5x the policy lr (5e-6 vs 1e-6); here 5x "
-            "learner.lr's default 1e-4 (set both at other scales)"),
+    Setting(
+        "critic.lr",
+        5e-4,
+        f"{_SAO}: critic lr 5x the policy lr (5e-6 vs 1e-6); here 5x "
+        "learner.lr's default 1e-4 (set both at other scales)",
+    ),
     Setting("critic.updates_per_step", 2, f"{_SAO}: K = 2 critic updates per policy step"),
     Setting("critic.warmup_steps", 10, f"{_SAO}: 10 critic-only steps at the start"),
     Setting("critic.freeze", "attention", f"{_SAO}: critic attention frozen during RL"),
     Setting("algorithm.lambda_mode", "adaptive", f"{_SAO}: length-adaptive lambda_policy"),
     Setting("algorithm.lambda_alpha", 1.5, f"{_SAO}: alpha = 1.5"),
     Setting("algorithm.lambda_critic", 1.0, f"{_SAO}: value targets with lambda = 1"),
-)  # fmt: skip
+)
 _SINGLE = (
     Setting("algorithm.minibatches", 1, f"{_SAO}: one optimizer step per batch of 128"),
     Setting("algorithm.group_sampling", False, f"{_SAO}: a single rollout per prompt"),

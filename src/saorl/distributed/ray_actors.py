@@ -91,8 +91,9 @@ class LearnerActor:
         from saorl.distributed.torchrun import torchrun_learner
 
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=rank,
-                                world_size=world)  # fmt: skip
+        dist.init_process_group(
+            backend, init_method=f"tcp://{host}:{port}", rank=rank, world_size=world
+        )
         # Ranks > 0 follow rank 0 in there until the run ends, then get None.
         if remote is None:
             self.learner = torchrun_learner(cfg, policy, device)
@@ -286,8 +287,9 @@ class _TaskInbox:
 class RolloutActor:
     """One engine and one `RolloutWorker`, fed with tasks by the driver's pump thread."""
 
-    def __init__(self, cfg: Config, cwd: str, name: str, seed: int, tokenizer: Any,
-                 limits: AgentLimits) -> None:  # fmt: skip
+    def __init__(
+        self, cfg: Config, cwd: str, name: str, seed: int, tokenizer: Any, limits: AgentLimits
+    ) -> None:
         from saorl.envs.factory import build_env
         from saorl.models.loading import load_policy, resolve_device
         from saorl.rollout.factory import build_engine
@@ -307,8 +309,15 @@ class RolloutActor:
         spec = build_env(cfg.env)
         self.inbox = _TaskInbox()
         self.out: queue.Queue[Trajectory] = queue.Queue()
-        self.worker = RolloutWorker(self.engine, self.inbox, tokenizer, self.out,  # type: ignore[arg-type]
-                                    spec.make_env, limits, name=name)  # fmt: skip
+        self.worker = RolloutWorker(
+            self.engine,
+            self.inbox,
+            tokenizer,
+            self.out,  # type: ignore[arg-type]
+            spec.make_env,
+            limits,
+            name=name,
+        )
         self.group: Any = None
 
     def _room(self) -> int:
@@ -365,8 +374,9 @@ class RolloutActor:
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         self.engine.update_weights(state, version)
 
-    def join_group(self, host: str, port: int, rank: int, world: int, backend: str,
-                   meta: Any, timeout: float) -> None:  # fmt: skip
+    def join_group(
+        self, host: str, port: int, rank: int, world: int, backend: str, meta: Any, timeout: float
+    ) -> None:
         from saorl.distributed.weight_sync import BroadcastGroup
 
         self.group, self.meta = BroadcastGroup(host, port, rank, world, backend, timeout), meta

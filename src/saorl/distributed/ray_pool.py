@@ -73,8 +73,9 @@ class _EngineStats:
 class RayRolloutWorker:
     """Driver-side proxy of a `RolloutActor` with the `RolloutWorker` interface the pool uses."""
 
-    def __init__(self, actor: Any, name: str, feed: PromptFeed, out: queue.Queue[Trajectory],
-                 room: int) -> None:  # fmt: skip
+    def __init__(
+        self, actor: Any, name: str, feed: PromptFeed, out: queue.Queue[Trajectory], room: int
+    ) -> None:
         self.actor, self.name, self.feed, self.out = actor, name, feed, out
         self.engine = _EngineStats()
         self.idle_s = 0.0
@@ -185,12 +186,17 @@ class RayWorkerPool(WorkerPool):
         """One actor per seed, all placed at once, then the learner's current weights."""
         names = [f"rollout-{i}" for i in range(len(self.seeds))]
         actors = [self._spawn_actor(n, s) for n, s in zip(names, self.seeds, strict=True)]
-        rooms = get([a.ready.remote() for a in actors], "rollout actors",
-                    timeout=self.cfg.ray.start_timeout_s)  # fmt: skip
+        rooms = get(
+            [a.ready.remote() for a in actors],
+            "rollout actors",
+            timeout=self.cfg.ray.start_timeout_s,
+        )
         if self.cfg.ray.weight_sync == "broadcast":
             self._form_group(actors)
-        self.workers = [RayRolloutWorker(a, name, self.feed, self.out, room)
-                        for a, name, room in zip(actors, names, rooms, strict=True)]  # fmt: skip
+        self.workers = [
+            RayRolloutWorker(a, name, self.feed, self.out, room)
+            for a, name, room in zip(actors, names, rooms, strict=True)
+        ]
         self.update_weights(full=True)  # a LoRA policy's base weights too, this once
         self._finish_push()  # no actor samples before it has the learner's weights
         return self.workers
@@ -198,10 +204,14 @@ class RayWorkerPool(WorkerPool):
     def _form_group(self, actors: list[Any]) -> None:
         host, port, backend, meta = self.learner.get(self.learner.actor.group_address.remote())
         world, timeout = len(actors) + 1, self.cfg.ray.start_timeout_s
-        get([self.learner.actor.join_group.remote(host, port, world, backend, timeout)] + [
-            a.join_group.remote(host, port, i + 1, world, backend, meta, timeout)
-            for i, a in enumerate(actors)
-        ], "broadcast group")  # fmt: skip
+        get(
+            [self.learner.actor.join_group.remote(host, port, world, backend, timeout)]
+            + [
+                a.join_group.remote(host, port, i + 1, world, backend, meta, timeout)
+                for i, a in enumerate(actors)
+            ],
+            "broadcast group",
+        )
 
     def respawn(self, i: int) -> RayRolloutWorker:
         """A new actor in place of rollout actor `i` (dead), with the learner's current weights.
@@ -235,8 +245,10 @@ class RayWorkerPool(WorkerPool):
             raise ValueError(f"ray.weight_sync: unknown {sync!r}")
         if self._metas is None:  # sizes and dtypes never change: asked once
             self._metas = self.learner.get(self.learner.actor.push_metas.remote())
-        return sum(math.prod(shape) * getattr(torch, dtype).itemsize
-                   for _, shape, dtype in self._metas[full])  # fmt: skip
+        return sum(
+            math.prod(shape) * getattr(torch, dtype).itemsize
+            for _, shape, dtype in self._metas[full]
+        )
 
     def _weights_ref(self, full: bool = False) -> Any:
         state = self.learner.actor.push_state.remote(full)  # stored once, loaded by every actor
@@ -248,8 +260,9 @@ class RayWorkerPool(WorkerPool):
         is sampled by them), otherwise before the next push (see the module's docstring)."""
         self._finish_push()
         state, version = self._weights_ref(full), self.learner.version
-        self._pushing = [(w.actor, w.actor.update_weights.remote(state, version))
-                         for w in self.workers]  # fmt: skip
+        self._pushing = [
+            (w.actor, w.actor.update_weights.remote(state, version)) for w in self.workers
+        ]
         if self.sync:
             self._finish_push()
 

@@ -127,8 +127,13 @@ class LeaderLearner:
         _announce("save_sharded", str(tmp))
         groups = save_sharded(learner, tmp)  # returns once every rank's shards are written
         replace_dir(tmp, final)
-        state = {**counters(learner), "sharded": final.name, "param_groups": groups,
-                 "torch_rng": torch.get_rng_state(), **rollout_state}  # fmt: skip
+        state = {
+            **counters(learner),
+            "sharded": final.name,
+            "param_groups": groups,
+            "torch_rng": torch.get_rng_state(),
+            **rollout_state,
+        }
         save_checkpoint(run_dir, learner.steps, state, keep=learner.cfg.run.keep_last_checkpoints)
 
     def restore(self, state: dict[str, Any]) -> None:

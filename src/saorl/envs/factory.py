@@ -39,8 +39,9 @@ def _load(cfg: EnvConfig, key: str) -> list[Any]:
         )
     extractor = None if cfg.answer_extractor == "none" else cfg.answer_extractor
     # User reward functions replace the grader: rows need no reference answer then.
-    return load_problems(name_or_path, cfg.problem_key, cfg.answer_key, extractor,
-                         require_answer=not cfg.reward_fns)  # fmt: skip
+    return load_problems(
+        name_or_path, cfg.problem_key, cfg.answer_key, extractor, require_answer=not cfg.reward_fns
+    )
 
 
 def _ungraded(response: str, reference: str) -> float:

@@ -67,9 +67,11 @@ def add_lora(module: nn.Module, cfg: Config, part: str) -> None:
     if targets == ["all-linear"]:
         targets = "all-linear"
     config = peft.LoraConfig(
-        r=sec.lora_rank, lora_alpha=sec.lora_alpha, lora_dropout=cfg.model.lora_dropout,
+        r=sec.lora_rank,
+        lora_alpha=sec.lora_alpha,
+        lora_dropout=cfg.model.lora_dropout,
         target_modules=targets,
-    )  # fmt: skip
+    )
     try:
         peft.inject_adapter_in_model(config, module)
     except ValueError as e:  # peft's word on targets that match nothing
@@ -254,8 +256,11 @@ def save_adapter(model: nn.Module, tokenizer: Any, path: Path, cfg: Config) -> N
     out = path / "adapter"
     out.mkdir(parents=True, exist_ok=True)
     weights = peft.get_peft_model_state_dict(model)
-    save_file({f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
-              str(out / "adapter_model.safetensors"), metadata={"format": "pt"})  # fmt: skip
+    save_file(
+        {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in weights.items()},
+        str(out / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
     config = copy.deepcopy(model.peft_config["default"])  # type: ignore[index]
     config.base_model_name_or_path = base_name
     config.inference_mode = True

@@ -86,8 +86,14 @@ class _Running:
 
     def completion(self, reason: str) -> Completion:
         routing = torch.cat(self.routing).cpu() if self.routing else None
-        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason,  # type: ignore[arg-type]
-                          routing=routing)  # fmt: skip
+        return Completion(
+            self.request,
+            self.tokens,
+            self.logprobs,
+            self.versions,
+            reason,  # type: ignore[arg-type]
+            routing=routing,
+        )
 
 
 class HFEngine:

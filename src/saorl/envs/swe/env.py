@@ -194,8 +194,13 @@ class SweEnv:
                 return StepResult(reward=0.0, done=True, info={**info, "grade_error": str(e)})
             info["patch"] = unified_diff(task.base_dir(), changes, max_chars=8000)
             info["changed_files"] = sorted(map(display_path, changes))
-            result = cached_grade(task, changes, test_timeout_s=self.test_timeout_s,
-                                  wall_s=self.grade_timeout_s, parent=self.work_parent)  # fmt: skip
+            result = cached_grade(
+                task,
+                changes,
+                test_timeout_s=self.test_timeout_s,
+                wall_s=self.grade_timeout_s,
+                parent=self.work_parent,
+            )
         finally:
             self._cleanup()
         return StepResult(reward=float(result.resolved), done=True, info={**info, **result.info()})
