@@ -111,21 +111,44 @@ from saorl.types import Batch
 # overrides applied to every arm.
 PRESETS: dict[str, dict[str, Any]] = {
     "default": {
-        "steps": 20, "skip": 4, "median": 48, "sigma": 1.0, "cap": 384, "batch": 64,
-        "micro_batch": 16, "micro_batch_tokens": 1024, "concurrent": 64,
-        "arms": "sync,sync_2t,async,async_single,async_grpo", "set": [], "pushed_capacity": False,
-        "contention": False, "out": Path("benchmarks/results/async.json"),
+        "steps": 20,
+        "skip": 4,
+        "median": 48,
+        "sigma": 1.0,
+        "cap": 384,
+        "batch": 64,
+        "micro_batch": 16,
+        "micro_batch_tokens": 1024,
+        "concurrent": 64,
+        "arms": "sync,sync_2t,async,async_single,async_grpo",
+        "set": [],
+        "pushed_capacity": False,
+        "contention": False,
+        "out": Path("benchmarks/results/async.json"),
     },
     "genbound": {
-        "steps": 30, "skip": 6, "median": 8, "sigma": 2.4, "cap": 1024, "batch": 64,
-        "micro_batch": 16, "micro_batch_tokens": 512, "concurrent": 64,
+        "steps": 30,
+        "skip": 6,
+        "median": 8,
+        "sigma": 2.4,
+        "cap": 1024,
+        "batch": 64,
+        "micro_batch": 16,
+        "micro_batch_tokens": 512,
+        "concurrent": 64,
         "arms": "sync,async,async_ray,async_stale4,async_push4,async_push8",
-        "pushed_capacity": True, "contention": True,
-        "set": ["model.hidden_size=32", "model.num_heads=2", "model.num_kv_heads=1",
-                "model.intermediate_size=128", "learner.max_staleness=16"],
+        "pushed_capacity": True,
+        "contention": True,
+        "set": [
+            "model.hidden_size=32",
+            "model.num_heads=2",
+            "model.num_kv_heads=1",
+            "model.intermediate_size=128",
+            "learner.max_staleness=16",
+        ],
         "out": Path("benchmarks/results/async_genbound.json"),
     },
-}  # fmt: skip
+}
 
 ARMS = {
     "sync": ["run.concurrency=sync"],
@@ -356,8 +379,9 @@ def learner_contention(base: list[str], rounds: int = 2, steps: int = 5) -> dict
             elif variant == "rollout_thread":
                 engine = build_engine(cfg, learner.policy, tok, seed=5, version=learner.version)
                 feed = PromptFeed(spec.task, random.Random(1), n, 10**6)  # never held back
-                worker = RolloutWorker(engine, feed, tok, queue.Queue(), spec.make_env,
-                                       agent_limits(cfg, spec))  # fmt: skip
+                worker = RolloutWorker(
+                    engine, feed, tok, queue.Queue(), spec.make_env, agent_limits(cfg, spec)
+                )
                 worker.start()
                 time.sleep(3.0)  # the mix of lengths settles (long rows pile up)
             for i, batch in enumerate(batches):
@@ -412,8 +436,12 @@ def steady(rows: list[dict[str, Any]], skip: int) -> dict[str, float]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                   help="named configuration: the defaults of the flags below")  # fmt: skip
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="default",
+        help="named configuration: the defaults of the flags below",
+    )
     p.add_argument("--steps", type=int, help="optimizer steps per arm")
     p.add_argument("--skip", type=int, help="steps left out as pipeline fill")
     p.add_argument("--median", type=int, help="median response length, tokens")
@@ -463,8 +491,11 @@ def main() -> None:
             r = results[arm]
             r["trained_tokens_per_s"] = args.batch * r["response_len_mean"] / r["step_s"]
             r["other_load"] = others.since(mark)  # over the whole run, start-up included
-            busy = f", other processes {r['other_load']['other_cores']:.2f} cores" if (
-                r["other_load"]) else ""  # fmt: skip
+            busy = (
+                f", other processes {r['other_load']['other_cores']:.2f} cores"
+                if (r["other_load"])
+                else ""
+            )
             print(f"  {arm}: {results[arm]['step_s']:.2f} s/step{busy}", flush=True)
         if args.contention:
             mark = others.mark()

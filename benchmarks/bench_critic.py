@@ -78,21 +78,33 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     heads = max(4, args.hidden // 64)
-    common = [f"model.hidden_size={args.hidden}", f"model.intermediate_size={3 * args.hidden}",
-              f"model.num_layers={args.layers}", f"model.num_heads={heads}",
-              f"model.num_kv_heads={heads // 2}", "model.max_seq_len=512",
-              f"model.device={args.device}", f"critic.device={args.critic_device}",
-              f"learner.batch_size={args.rows}", "learner.micro_batch_tokens=1024",
-              f"algorithm.minibatches={args.minibatches}", "critic.warmup_steps=0",
-              "learner.sft_steps=0", f"run.torch_threads={args.threads}"]  # fmt: skip
+    common = [
+        f"model.hidden_size={args.hidden}",
+        f"model.intermediate_size={3 * args.hidden}",
+        f"model.num_layers={args.layers}",
+        f"model.num_heads={heads}",
+        f"model.num_kv_heads={heads // 2}",
+        "model.max_seq_len=512",
+        f"model.device={args.device}",
+        f"critic.device={args.critic_device}",
+        f"learner.batch_size={args.rows}",
+        "learner.micro_batch_tokens=1024",
+        f"algorithm.minibatches={args.minibatches}",
+        "critic.warmup_steps=0",
+        "learner.sft_steps=0",
+        f"run.torch_threads={args.threads}",
+    ]
     device = torch.device(args.device)
     torch.manual_seed(0)
     policy, tok = load_policy(load_config(None, common).model)
     policy.to(device)
     batch = _batch(tok, policy, args.rows, seed=1)
     arms = {}
-    for name, flag in (("separate_values", "false"), ("sequential", "false"),
-                       ("concurrent", "true")):  # fmt: skip
+    for name, flag in (
+        ("separate_values", "false"),
+        ("sequential", "false"),
+        ("concurrent", "true"),
+    ):
         cfg = load_config(None, [*common, f"critic.concurrent={flag}"])
         torch.manual_seed(0)
         arms[name] = Learner(cfg, load_policy(cfg.model)[0], device)
@@ -146,8 +158,10 @@ def main() -> None:
     for name, t in med.items():
         print(f"{name:<16}{t:>14.3f}")
     print(f"parts of the sequential step: {report['sequential_parts_s']}")
-    print(f"speedup {report['speedup']:.2f}x, ideal {report['ideal_speedup']:.2f}x "
-          f"(load average {load:.2f} at start)")  # fmt: skip
+    print(
+        f"speedup {report['speedup']:.2f}x, ideal {report['ideal_speedup']:.2f}x "
+        f"(load average {load:.2f} at start)"
+    )
     write_report(args.out, report)
 
 

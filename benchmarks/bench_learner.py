@@ -171,9 +171,16 @@ def _logprob_variant(variant: str, seq: int, chunk: int) -> dict:
     }
 
 
-QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
-             "num_key_value_heads": 8, "head_dim": 128, "vocab_size": VOCAB,
-             "tie_word_embeddings": True, "num_hidden_layers": 28}  # fmt: skip
+QWEN3_06B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": VOCAB,
+    "tie_word_embeddings": True,
+    "num_hidden_layers": 28,
+}
 CKPT_LAYERS = 4
 
 
@@ -185,15 +192,22 @@ def _checkpointing_variant(variant: str, rows: int, seq: int) -> dict:
     from saorl.models.logprobs import sequence_logprobs
     from saorl.types import Batch, Trajectory
 
-    cfg = load_config(None, [
-        f"model.max_seq_len={seq}", f"learner.batch_size={rows}",
-        f"learner.micro_batch_size={rows}", "critic.warmup_steps=0", "learner.sft_steps=0",
-        f"model.gradient_checkpointing={'true' if variant == 'on' else 'false'}",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.max_seq_len={seq}",
+            f"learner.batch_size={rows}",
+            f"learner.micro_batch_size={rows}",
+            "critic.warmup_steps=0",
+            "learner.sft_steps=0",
+            f"model.gradient_checkpointing={'true' if variant == 'on' else 'false'}",
+        ],
+    )
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = Qwen3Config(**{**QWEN3_06B, "num_hidden_layers": CKPT_LAYERS},
-                         max_position_embeddings=seq)  # fmt: skip
+    config = Qwen3Config(
+        **{**QWEN3_06B, "num_hidden_layers": CKPT_LAYERS}, max_position_embeddings=seq
+    )
     policy = Qwen3ForCausalLM(config)
     if cfg.model.gradient_checkpointing:  # what load_policy does for a loaded model
         policy.activation_checkpointing_enable({"use_reentrant": False})
@@ -206,8 +220,9 @@ def _checkpointing_variant(variant: str, rows: int, seq: int) -> dict:
             t = torch.tensor([ids])
             lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, prompt:].tolist()
         n = seq - prompt
-        trajs.append(Trajectory(ids[:prompt], ids[prompt:], [1] * n, lp, [0] * n,
-                                reward=float(i % 2)))  # fmt: skip
+        trajs.append(
+            Trajectory(ids[:prompt], ids[prompt:], [1] * n, lp, [0] * n, reward=float(i % 2))
+        )
     batch = Batch.from_trajectories(trajs, pad_id=0)
     learner = Learner(cfg, policy, torch.device("cpu"))
     base = _rss_mb()
@@ -339,15 +354,19 @@ def _checkpointing(args: argparse.Namespace) -> dict:
     load = os.getloadavg()[0]
     runs = {v: _fresh("checkpointing", v, args) for v in ("off", "on")}
     off, on = runs["off"], runs["on"]
-    ratios = {"on_over_off_peak_mem": on["peak_mb"] / off["peak_mb"],
-              "on_over_off_step_s": on["step_s"] / off["step_s"]}  # fmt: skip
+    ratios = {
+        "on_over_off_peak_mem": on["peak_mb"] / off["peak_mb"],
+        "on_over_off_step_s": on["step_s"] / off["step_s"],
+    }
     print(
         f"gradient checkpointing, {off['shape']}: {off['rows']} rows x "
         f"{off['tokens'] // off['rows']} tokens, one SAO step (K=2 critic updates + policy)"
     )
     for name, r in runs.items():
-        print(f"  {name:<4} step peak {r['peak_mb']:>7.0f} MB (first step "
-              f"{r['first_step_peak_mb']:.0f} MB)   step {r['step_s']:>7.1f} s")  # fmt: skip
+        print(
+            f"  {name:<4} step peak {r['peak_mb']:>7.0f} MB (first step "
+            f"{r['first_step_peak_mb']:.0f} MB)   step {r['step_s']:>7.1f} s"
+        )
     for k, v in ratios.items():
         print(f"{k}: {v:.3f}")
     report = {"runs": runs, "ratios": ratios, "machine": machine(load_average_at_start=load)}

@@ -329,9 +329,18 @@ def learner_gflops(arm: list[str]) -> float:
     for i in range(BATCH):
         n = 3 + i % 14
         ids = torch.randint(3, len(tokenizer), (6 + n,), generator=g).tolist()
-        trajs.append(Trajectory(ids[:6], ids[6:], [1] * n, [-1.0] * n, [0] * n,
-                                reward=float(i % 2), prompt_key=str(i // 8),
-                                group_id=i // 8))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                ids[:6],
+                ids[6:],
+                [1] * n,
+                [-1.0] * n,
+                [0] * n,
+                reward=float(i % 2),
+                prompt_key=str(i // 8),
+                group_id=i // 8,
+            )
+        )
     batch = Batch.from_trajectories(trajs, pad_id=tokenizer.pad_token_id)
     learner = Learner(cfg, policy, torch.device("cpu"))
     with FlopCounterMode(display=False) as counter:
@@ -723,8 +732,10 @@ def finish(report: dict[str, Any], target: float, budget_s: float, out: Path) ->
             ratio = summary[sao]["trajectories_per_s"] / summary["grpo"]["trajectories_per_s"]
             targets[f"{sao}_trajectories_per_s_at_least_0.9x_grpo"] = [ratio, ratio >= 0.9]
         if sao in summary and "trl_grpo" in summary:
-            for key, suffix in (("time_to_target_s", ""),
-                                ("time_to_sustained_target_s", "_sustained")):  # fmt: skip
+            for key, suffix in (
+                ("time_to_target_s", ""),
+                ("time_to_sustained_target_s", "_sustained"),
+            ):
                 sao_t, trl_t = (summary[n][key] for n in (sao, "trl_grpo"))
                 met = sao_t is not None and (trl_t is None or sao_t < trl_t)
                 targets[f"{sao}_reaches_target_before_trl_grpo{suffix}"] = [sao_t, trl_t, met]

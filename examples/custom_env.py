@@ -61,5 +61,10 @@ def demo(task: Secret, rng: random.Random, turns: int) -> list[tuple[str, bool]]
 def guessing(max_guesses: int = 3) -> EnvSpec:
     """The factory `env.name` names; `env.args` are its keyword arguments."""
     secrets = [Secret(n, str(n)) for n in range(10)]
-    return EnvSpec(TaskList(secrets, held_out=secrets), Guessing, max_turns=max_guesses,
-                   stop=(";",), demo=lambda task, rng: demo(task, rng, max_guesses))  # fmt: skip
+    return EnvSpec(
+        TaskList(secrets, held_out=secrets),
+        Guessing,
+        max_turns=max_guesses,
+        stop=(";",),
+        demo=lambda task, rng: demo(task, rng, max_guesses),
+    )

@@ -42,13 +42,18 @@ def _one_kill(base: list[str], run_dir: Path, fault: str | float) -> str:
     env = dict(os.environ)
     if isinstance(fault, str):
         env["SAORL_FAULT"] = fault
-        proc = subprocess.run(saorl_cmd("train", *base, *args), env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            saorl_cmd("train", *base, *args), env=env, capture_output=True, text=True, timeout=600
+        )
         if proc.returncode not in (0, -signal.SIGKILL):
             raise AssertionError(f"{fault}: exit {proc.returncode}\n{proc.stderr[-2000:]}")
         return "killed" if proc.returncode else "finished before the point"
-    proc = subprocess.Popen(saorl_cmd("train", *base, *args), env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        saorl_cmd("train", *base, *args),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(abs(fault))
     if fault < 0:  # SIGTERM: a graceful stop, with a checkpoint of the step it reached
         proc.send_signal(signal.SIGTERM)
@@ -94,8 +99,9 @@ def main() -> int:
     tally: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     with tempfile.TemporaryDirectory() as tmp:
         base = [*TINY_SYNC, f"run.output_dir={tmp}", f"run.total_steps={args.steps}"]
-        ref = subprocess.run(saorl_cmd("train", *base, "run.name=ref"), capture_output=True,
-                             text=True, timeout=600)  # fmt: skip
+        ref = subprocess.run(
+            saorl_cmd("train", *base, "run.name=ref"), capture_output=True, text=True, timeout=600
+        )
         if ref.returncode:
             raise SystemExit(ref.stderr)
         run_dir, seen, restarts = Path(tmp) / "killed", -1, 0
@@ -114,8 +120,12 @@ def main() -> int:
             seen = _check(run_dir, seen)
             tally[kind][outcome] += 1
             print(f"[{i + 1}/{args.kills}] {kind:20s} {outcome:28s} newest checkpoint {seen}")
-        final = subprocess.run(saorl_cmd("train", *base, "--resume", str(run_dir)),
-                               capture_output=True, text=True, timeout=600)  # fmt: skip
+        final = subprocess.run(
+            saorl_cmd("train", *base, "--resume", str(run_dir)),
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if final.returncode:
             raise SystemExit(final.stderr)
         assert_same_metrics(metric_rows(run_dir), metric_rows(Path(tmp) / "ref"))

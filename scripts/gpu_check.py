@@ -46,17 +46,41 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-QWEN3_06B = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-             "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-             "vocab_size": 151_936, "tie_word_embeddings": True,
-             "rope_theta": 1_000_000.0}  # fmt: skip
-TINY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 98,
-        "tie_word_embeddings": True}  # fmt: skip
+QWEN3_06B = {
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151_936,
+    "tie_word_embeddings": True,
+    "rope_theta": 1_000_000.0,
+}
+TINY = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 98,
+    "tie_word_embeddings": True,
+}
 # Dense bf16 peak FLOP/s (no sparsity) by the name torch reports; the first match wins.
-PEAK_BF16 = (("H200", 989e12), ("H100 PCIe", 756e12), ("H100", 989e12), ("H800", 989e12),
-             ("B200", 2250e12), ("A100", 312e12), ("A800", 312e12), ("L40S", 362e12),
-             ("L4", 121e12), ("A10G", 70e12), ("A10", 125e12))  # fmt: skip
+PEAK_BF16 = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("H800", 989e12),
+    ("B200", 2250e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
 PARTS = ("generation", "learner", "training")
 
 
@@ -76,14 +100,22 @@ def main() -> int:
     p.add_argument("--part-out", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
     smoke = args.cpu_smoke
-    defaults = {"prompts": (256, 4), "new_tokens": (256, 8), "rows": (16, 4), "seq": (1024, 32),
-                "sao_steps": (20, 2)}  # fmt: skip
+    defaults = {
+        "prompts": (256, 4),
+        "new_tokens": (256, 8),
+        "rows": (16, 4),
+        "seq": (1024, 32),
+        "sao_steps": (20, 2),
+    }
     for key, (gpu, cpu) in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, cpu if smoke else gpu)
     if args.part:
-        result = {"generation": part_generation, "learner": part_learner,
-                  "training": part_training}[args.part](args)  # fmt: skip
+        result = {
+            "generation": part_generation,
+            "learner": part_learner,
+            "training": part_training,
+        }[args.part](args)
         args.part_out.write_text(json.dumps(result, indent=2))
         return 0
     missing = [] if smoke else missing_requirements()
@@ -115,15 +147,20 @@ def run_all(args: argparse.Namespace) -> int:
         else ROOT / "benchmarks" / "results" / "gpu.json"
     )
     t0 = time.perf_counter()
-    report: dict[str, Any] = {"mode": "cpu-smoke" if args.cpu_smoke else "gpu",
-                              "machine": machine(), "parts": {}}  # fmt: skip
+    report: dict[str, Any] = {
+        "mode": "cpu-smoke" if args.cpu_smoke else "gpu",
+        "machine": machine(),
+        "parts": {},
+    }
     with tempfile.TemporaryDirectory(prefix="saorl-gpu-check-") as tmp:
         model_dir = Path(tmp) / "model"
         made = time.perf_counter()
         make_model(model_dir, TINY if args.cpu_smoke else QWEN3_06B)
-        report["model"] = {"shape": "tiny" if args.cpu_smoke else "qwen3-0.6b (random init)",
-                           "params": count_params(model_dir),
-                           "create_s": time.perf_counter() - made}  # fmt: skip
+        report["model"] = {
+            "shape": "tiny" if args.cpu_smoke else "qwen3-0.6b (random init)",
+            "params": count_params(model_dir),
+            "create_s": time.perf_counter() - made,
+        }
         for part in PARTS:
             report["parts"][part] = run_part(part, args, model_dir, Path(tmp))
             print(f"gpu_check: {part}: {json.dumps(report['parts'][part])}", flush=True)
@@ -140,10 +177,26 @@ def run_all(args: argparse.Namespace) -> int:
 def run_part(part: str, args: argparse.Namespace, model_dir: Path, tmp: Path) -> dict[str, Any]:
     """Run one part in a fresh interpreter; its JSON, or its error and the end of its output."""
     part_out = tmp / f"{part}.json"
-    cmd = [sys.executable, __file__, "--part", part, "--model-dir", str(model_dir),
-           "--part-out", str(part_out), "--prompts", str(args.prompts), "--new-tokens",
-           str(args.new_tokens), "--rows", str(args.rows), "--seq", str(args.seq),
-           "--sao-steps", str(args.sao_steps)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        __file__,
+        "--part",
+        part,
+        "--model-dir",
+        str(model_dir),
+        "--part-out",
+        str(part_out),
+        "--prompts",
+        str(args.prompts),
+        "--new-tokens",
+        str(args.new_tokens),
+        "--rows",
+        str(args.rows),
+        "--seq",
+        str(args.seq),
+        "--sao-steps",
+        str(args.sao_steps),
+    ]
     cmd += ["--cpu-smoke"] * args.cpu_smoke + ["--compile"] * args.compile
     if args.peak_tflops:
         cmd += ["--peak-tflops", str(args.peak_tflops)]
@@ -163,8 +216,11 @@ def machine() -> dict[str, Any]:
 
     import torch
 
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "cpus": os.cpu_count()}  # fmt: skip
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+    }
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
@@ -184,8 +240,13 @@ def make_model(path: Path, shape: dict[str, Any]) -> None:
 
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)
-    config = Qwen3Config(**shape, max_position_embeddings=4096, pad_token_id=0,
-                         eos_token_id=tokenizer.eos_token_id, bos_token_id=None)  # fmt: skip
+    config = Qwen3Config(
+        **shape,
+        max_position_embeddings=4096,
+        pad_token_id=0,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+    )
     model = Qwen3ForCausalLM(config)
     if shape is QWEN3_06B:
         model.to(torch.bfloat16)  # half the bytes to write and read; learners upcast
@@ -215,15 +276,20 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
 
     smoke = args.cpu_smoke
     prompt_len = 32 if not smoke else 4
-    cfg = load_config(None, [
-        f"model.name_or_path={args.model_dir}", f"model.device={'cpu' if smoke else 'cuda'}",
-        f"model.dtype={'float32' if smoke else 'bfloat16'}",
-        f"rollout.engine={'hf' if smoke else 'vllm'}",
-        f"model.max_seq_len={prompt_len + args.new_tokens}",
-        f"rollout.max_concurrent={args.prompts}", "rollout.max_new_tokens=1",
-        "rollout.vllm_gpu_memory_utilization=0.3",
-        f"rollout.vllm_enforce_eager={'false' if args.compile else 'true'}",
-    ])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={args.model_dir}",
+            f"model.device={'cpu' if smoke else 'cuda'}",
+            f"model.dtype={'float32' if smoke else 'bfloat16'}",
+            f"rollout.engine={'hf' if smoke else 'vllm'}",
+            f"model.max_seq_len={prompt_len + args.new_tokens}",
+            f"rollout.max_concurrent={args.prompts}",
+            "rollout.max_new_tokens=1",
+            "rollout.vllm_gpu_memory_utilization=0.3",
+            f"rollout.vllm_enforce_eager={'false' if args.compile else 'true'}",
+        ],
+    )
     device = torch.device(cfg.model.device)
     policy, tokenizer = load_policy(cfg.model)
     policy.to(device).eval()
@@ -231,8 +297,10 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
 
     def requests(n: int, new: int) -> list[GenerationRequest]:
         ids = torch.randint(3, len(tokenizer), (n, prompt_len), generator=g).tolist()
-        return [GenerationRequest(prompt_ids=x, max_new_tokens=new, min_new_tokens=new,
-                                  request_id=i) for i, x in enumerate(ids)]  # fmt: skip
+        return [
+            GenerationRequest(prompt_ids=x, max_new_tokens=new, min_new_tokens=new, request_id=i)
+            for i, x in enumerate(ids)
+        ]
 
     t0 = time.perf_counter()
     engine = build_engine(cfg, policy, tokenizer, seed=0)
@@ -317,15 +385,27 @@ def part_learner(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cpu" if smoke else "cuda", 0 if not smoke else None)
     if not smoke:
         torch.cuda.set_device(device)
-    dist.init_process_group("gloo" if smoke else "nccl", init_method=f"tcp://127.0.0.1:"
-                            f"{free_port()}", rank=0, world_size=1)  # fmt: skip
-    cfg = load_config(None, [
-        f"model.name_or_path={args.model_dir}", f"model.device={device.type}",
-        f"model.max_seq_len={args.seq}", f"learner.batch_size={args.rows}",
-        f"learner.micro_batch_size={max(1, args.rows // 4)}", "learner.fsdp=true",
-        "learner.mixed_precision=bf16", "critic.warmup_steps=0", "learner.lr_warmup_steps=0",
-        "learner.sft_steps=0",
-    ])  # fmt: skip
+    dist.init_process_group(
+        "gloo" if smoke else "nccl",
+        init_method=f"tcp://127.0.0.1:{free_port()}",
+        rank=0,
+        world_size=1,
+    )
+    cfg = load_config(
+        None,
+        [
+            f"model.name_or_path={args.model_dir}",
+            f"model.device={device.type}",
+            f"model.max_seq_len={args.seq}",
+            f"learner.batch_size={args.rows}",
+            f"learner.micro_batch_size={max(1, args.rows // 4)}",
+            "learner.fsdp=true",
+            "learner.mixed_precision=bf16",
+            "critic.warmup_steps=0",
+            "learner.lr_warmup_steps=0",
+            "learner.sft_steps=0",
+        ],
+    )
     policy, tokenizer = load_policy(cfg.model)
     policy.to(device)
     g = torch.Generator().manual_seed(0)
@@ -337,8 +417,9 @@ def part_learner(args: argparse.Namespace) -> dict[str, Any]:
             t = torch.tensor([ids], device=device)
             lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, prompt:].float().tolist()
         n = args.seq - prompt
-        trajs.append(Trajectory(ids[:prompt], ids[prompt:], [1] * n, lp, [0] * n,
-                                reward=float(i % 2)))  # fmt: skip
+        trajs.append(
+            Trajectory(ids[:prompt], ids[prompt:], [1] * n, lp, [0] * n, reward=float(i % 2))
+        )
     batch = Batch.from_trajectories(trajs, pad_id=tokenizer.pad_token_id)
     learner = Learner(cfg, policy, device, FSDPSharding("bf16", device))
     learner.step(batch)  # warm-up: lazy state, kernels
@@ -412,22 +493,39 @@ def part_training(args: argparse.Namespace) -> dict[str, Any]:
     smoke = args.cpu_smoke
     out = args.part_out.parent / "runs"
     overrides = [
-        f"model.name_or_path={args.model_dir}", f"model.device={'cpu' if smoke else 'cuda'}",
-        "env.name=tool_arithmetic", "env.max_turns=3", "env.max_tool_calls=2",
-        "rollout.max_new_tokens=20", "model.max_seq_len=64",
-        f"rollout.engine={'hf' if smoke else 'vllm'}", "rollout.vllm_gpu_memory_utilization=0.3",
+        f"model.name_or_path={args.model_dir}",
+        f"model.device={'cpu' if smoke else 'cuda'}",
+        "env.name=tool_arithmetic",
+        "env.max_turns=3",
+        "env.max_tool_calls=2",
+        "rollout.max_new_tokens=20",
+        "model.max_seq_len=64",
+        f"rollout.engine={'hf' if smoke else 'vllm'}",
+        "rollout.vllm_gpu_memory_utilization=0.3",
         f"rollout.vllm_enforce_eager={'false' if args.compile else 'true'}",
-        "learner.mixed_precision=bf16", f"run.total_steps={args.sao_steps}",
-        "critic.warmup_steps=1", "learner.sft_steps=0", "run.eval_every=0",
-        f"env.eval_size={4 if smoke else 64}", f"learner.batch_size={8 if smoke else 64}",
+        "learner.mixed_precision=bf16",
+        f"run.total_steps={args.sao_steps}",
+        "critic.warmup_steps=1",
+        "learner.sft_steps=0",
+        "run.eval_every=0",
+        f"env.eval_size={4 if smoke else 64}",
+        f"learner.batch_size={8 if smoke else 64}",
         f"learner.micro_batch_size={8 if smoke else 64}",
-        f"rollout.max_concurrent={8 if smoke else 256}", "run.checkpoint_every=0",
-        "run.trackers=[]", "run.progress=false", f"run.output_dir={out}", "run.name=tool",
-    ]  # fmt: skip
+        f"rollout.max_concurrent={8 if smoke else 256}",
+        "run.checkpoint_every=0",
+        "run.trackers=[]",
+        "run.progress=false",
+        f"run.output_dir={out}",
+        "run.name=tool",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "saorl", "train", *overrides],
-                          capture_output=True, text=True, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "saorl", "train", *overrides],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"saorl train exited {proc.returncode}: {proc.stderr[-3000:]}")

@@ -119,32 +119,50 @@ def build_all(root: Path) -> dict[str, Any]:
     repos = root / "repos"
     c: dict[str, str] = {}
     geom = repos / "geom"
-    files = {"pyproject.toml": GEOM_PYPROJECT, "README.md": "geom\n",
-             "src/geom/__init__.py": GEOM_INIT, "src/geom/core.py": GEOM_CORE,
-             "tests/test_core.py": GEOM_TESTS}  # fmt: skip
+    files = {
+        "pyproject.toml": GEOM_PYPROJECT,
+        "README.md": "geom\n",
+        "src/geom/__init__.py": GEOM_INIT,
+        "src/geom/core.py": GEOM_CORE,
+        "tests/test_core.py": GEOM_TESTS,
+    }
     c["geom_init"] = commit(geom, files, "Initial geometry package")
     files = {"src/geom/core.py": GEOM_FIXED, "tests/test_core.py": GEOM_TESTS + GEOM_AREA_TEST}
     message = "Fix area() for rectangles\n\narea() added the sides instead of multiplying them."
     c["geom_fix"] = commit(geom, files, message)
     c["geom_docs"] = commit(geom, {"README.md": "geom: rectangles\n"}, "Describe the package")
-    files = {"src/geom/core.py": GEOM_FIXED.replace("2 * (w + h)", "2 * w + 2 * h"),
-             "tests/test_core.py": GEOM_TESTS + GEOM_AREA_TEST + GEOM_SQUARE_TEST}  # fmt: skip
+    files = {
+        "src/geom/core.py": GEOM_FIXED.replace("2 * (w + h)", "2 * w + 2 * h"),
+        "tests/test_core.py": GEOM_TESTS + GEOM_AREA_TEST + GEOM_SQUARE_TEST,
+    }
     c["geom_refactor"] = commit(geom, files, "Spell out perimeter()")
 
     shapes = repos / "shapes"
-    files = {"requirements-test.txt": "approxeq\n", "shapes/__init__.py": "",
-             "shapes/circle.py": SHAPES_CODE, "tests/test_circle.py": SHAPES_TESTS}  # fmt: skip
+    files = {
+        "requirements-test.txt": "approxeq\n",
+        "shapes/__init__.py": "",
+        "shapes/circle.py": SHAPES_CODE,
+        "tests/test_circle.py": SHAPES_TESTS,
+    }
     c["shapes_init"] = commit(shapes, files, "Initial")
-    files = {"shapes/circle.py": SHAPES_CODE.replace("3.14159 * r", "2 * 3.14159 * r"),
-             "tests/test_circle.py": SHAPES_TESTS + SHAPES_FIX_TEST}  # fmt: skip
+    files = {
+        "shapes/circle.py": SHAPES_CODE.replace("3.14159 * r", "2 * 3.14159 * r"),
+        "tests/test_circle.py": SHAPES_TESTS + SHAPES_FIX_TEST,
+    }
     c["shapes_fix"] = commit(shapes, files, "circumference() forgot the factor 2")
 
     acme = repos / "acme-tools"
-    files = {"pyproject.toml": ACME_PYPROJECT, "acme/tools/__init__.py": ACME_CODE,
-             "acme/tools/plugin.py": ACME_PLUGIN, "tests/test_slug.py": ACME_TESTS}  # fmt: skip
+    files = {
+        "pyproject.toml": ACME_PYPROJECT,
+        "acme/tools/__init__.py": ACME_CODE,
+        "acme/tools/plugin.py": ACME_PLUGIN,
+        "tests/test_slug.py": ACME_TESTS,
+    }
     c["acme_init"] = commit(acme, files, "Initial")
-    files = {"acme/tools/__init__.py": ACME_CODE.replace(".lower()", ".lower().replace(' ', '-')"),
-             "tests/test_slug.py": ACME_TESTS + ACME_FIX_TEST}  # fmt: skip
+    files = {
+        "acme/tools/__init__.py": ACME_CODE.replace(".lower()", ".lower().replace(' ', '-')"),
+        "tests/test_slug.py": ACME_TESTS + ACME_FIX_TEST,
+    }
     git(acme, "checkout", "-q", "-b", "fix-spaces")  # the fix arrives as a merged pull request
     c["acme_fix"] = commit(acme, files, "slug() keeps spaces")
     git(acme, "checkout", "-q", "-")
@@ -154,8 +172,11 @@ def build_all(root: Path) -> dict[str, Any]:
     broken = repos / "broken"
     bad = GEOM_PYPROJECT.replace('"geom"', '"brokenpkg"').replace("approxeq", "no-such-dep-xyz")
     tests = GEOM_TESTS.replace("geom", "brokenpkg")
-    files = {"pyproject.toml": bad, "src/brokenpkg/__init__.py": GEOM_CORE,
-             "tests/test_core.py": tests}  # fmt: skip
+    files = {
+        "pyproject.toml": bad,
+        "src/brokenpkg/__init__.py": GEOM_CORE,
+        "tests/test_core.py": tests,
+    }
     c["broken_init"] = commit(broken, files, "Initial")
     files = {"src/brokenpkg/__init__.py": GEOM_FIXED, "tests/test_core.py": tests + GEOM_AREA_TEST}
     c["broken_fix"] = commit(broken, files, "Fix area()")

@@ -97,8 +97,10 @@ def wandb_history(path: Path) -> tuple[str, dict[int, dict[str, Any]]]:
         if kind == "run":
             run_id = record.run.run_id
         elif kind == "history":
-            items = {(i.key or "/".join(i.nested_key)): json.loads(i.value_json)
-                     for i in record.history.item}  # fmt: skip
+            items = {
+                (i.key or "/".join(i.nested_key)): json.loads(i.value_json)
+                for i in record.history.item
+            }
             history.setdefault(int(items.pop("_step")), {}).update(items)
     return run_id, history
 

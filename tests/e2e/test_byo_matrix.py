@@ -12,12 +12,22 @@ from pathlib import Path
 import pytest
 
 TINY = [
-    "env.name=math", "env.use_tool=false", "env.eval_size=4", "model.hidden_size=32",
-    "model.intermediate_size=64", "model.max_seq_len=160", "learner.batch_size=8",
-    "learner.sft_steps=0", "rollout.max_concurrent=8", "rollout.max_new_tokens=64",
+    "env.name=math",
+    "env.use_tool=false",
+    "env.eval_size=4",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.max_seq_len=160",
+    "learner.batch_size=8",
+    "learner.sft_steps=0",
+    "rollout.max_concurrent=8",
+    "rollout.max_new_tokens=64",
     "env.instructions=false",
-    "critic.warmup_steps=1", "run.eval_every=0", "run.progress=false", "run.total_steps=2",
-]  # fmt: skip
+    "critic.warmup_steps=1",
+    "run.eval_every=0",
+    "run.progress=false",
+    "run.total_steps=2",
+]
 # 64 new tokens: about half of a random model's completions end with EOS within them, and only
 # those reach the reward functions (a completion cut by the budget gets 0 without a call).
 
@@ -36,35 +46,47 @@ def _verl_parquet(path: Path) -> None:
     import pyarrow.parquet as pq
 
     rows = [
-        {"data_source": "toy", "prompt": [{"role": "user", "content": f"{i}+{i}?"}],
-         "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
-         "extra_info": {"index": i}}
+        {
+            "data_source": "toy",
+            "prompt": [{"role": "user", "content": f"{i}+{i}?"}],
+            "reward_model": {"style": "rule", "ground_truth": str(2 * i)},
+            "extra_info": {"index": i},
+        }
         for i in range(16)
-    ]  # fmt: skip
+    ]
     pq.write_table(pa.Table.from_pylist(rows), path)
 
 
 def _trl_conversational(path: Path) -> None:
     rows = [
-        {"prompt": [{"role": "system", "content": "Be brief."},
-                    {"role": "user", "content": f"{i}+{i}?"}],
-         "answer": str(2 * i), "solution": f"{i}+{i}={2 * i}"}
+        {
+            "prompt": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"{i}+{i}?"},
+            ],
+            "answer": str(2 * i),
+            "solution": f"{i}+{i}={2 * i}",
+        }
         for i in range(16)
-    ]  # fmt: skip
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-LAYOUTS = {"verl_parquet": ("train.parquet", _verl_parquet),
-           "trl_conversational": ("train.jsonl", _trl_conversational)}  # fmt: skip
+LAYOUTS = {
+    "verl_parquet": ("train.parquet", _verl_parquet),
+    "trl_conversational": ("train.jsonl", _trl_conversational),
+}
 
 
 def _saorl(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "saorl", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=400)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "saorl", *args], cwd=cwd, capture_output=True, text=True, timeout=400
+    )
 
 
-@pytest.mark.parametrize("ray", [False, pytest.param(True, marks=pytest.mark.slow)],
-                         ids=["in-process", "ray"])  # fmt: skip
+@pytest.mark.parametrize(
+    "ray", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["in-process", "ray"]
+)
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_reward_function_over_a_dataset_trains_and_evaluates(tmp_path, layout, ray):
     if ray:
@@ -73,9 +95,16 @@ def test_reward_function_over_a_dataset_trains_and_evaluates(tmp_path, layout, r
     write(tmp_path / name)
     (tmp_path / "rewards.py").write_text(REWARDS)
     topology = ["--ray", "ray.num_cpus=2"] if ray else []
-    train = _saorl("train", *topology, *TINY, f"env.dataset={name}",
-                   'env.reward_fns=["rewards.py:length_bonus"]', "run.output_dir=runs",
-                   "run.name=r", cwd=tmp_path)  # fmt: skip
+    train = _saorl(
+        "train",
+        *topology,
+        *TINY,
+        f"env.dataset={name}",
+        'env.reward_fns=["rewards.py:length_bonus"]',
+        "run.output_dir=runs",
+        "run.name=r",
+        cwd=tmp_path,
+    )
     assert train.returncode == 0, train.stderr[-4000:]
     run = tmp_path / "runs" / "r"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -88,8 +117,16 @@ def test_reward_function_over_a_dataset_trains_and_evaluates(tmp_path, layout, r
     # The run's config names the files by absolute path: eval from elsewhere finds them (its
     # reward function is code the run folder names: run only when trusted).
     out = tmp_path / "eval.jsonl"
-    ev = _saorl("eval", str(run), "--limit", "2", "--out", str(out), "--trust-remote-code",
-                cwd=tmp_path.parent)  # fmt: skip
+    ev = _saorl(
+        "eval",
+        str(run),
+        "--limit",
+        "2",
+        "--out",
+        str(out),
+        "--trust-remote-code",
+        cwd=tmp_path.parent,
+    )
     assert ev.returncode == 0, ev.stderr[-4000:]
     results = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(results) == 2

@@ -16,18 +16,40 @@ from pathlib import Path
 import pytest
 
 TINY = (
-    "run.total_steps=3", "run.eval_every=0", "learner.sft_steps=5", "learner.batch_size=8",
-    "learner.micro_batch_size=8", "critic.warmup_steps=1", "model.hidden_size=32",
-    "model.intermediate_size=64", "env.eval_size=16", "run.trackers=[]",
-    "run.log_samples_every=0", "algorithm.group_size=4",
-)  # fmt: skip
+    "run.total_steps=3",
+    "run.eval_every=0",
+    "learner.sft_steps=5",
+    "learner.batch_size=8",
+    "learner.micro_batch_size=8",
+    "critic.warmup_steps=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "env.eval_size=16",
+    "run.trackers=[]",
+    "run.log_samples_every=0",
+    "algorithm.group_size=4",
+)
 
 
 @pytest.mark.slow
 def test_compare_two_arms_two_seeds_in_parallel(tmp_path: Path) -> None:
     out = tmp_path / "cmp"
-    cmd = [sys.executable, "-m", "saorl", "compare", "--arms", "sao,grpo", "--seeds", "2",
-           "--jobs", "2", "--out", str(out), "run.seed=3", *TINY]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "saorl",
+        "compare",
+        "--arms",
+        "sao,grpo",
+        "--seeds",
+        "2",
+        "--jobs",
+        "2",
+        "--out",
+        str(out),
+        "run.seed=3",
+        *TINY,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     # The arms table (one row per arm, each with its seeds), then the report's path.

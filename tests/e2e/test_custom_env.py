@@ -18,11 +18,19 @@ from tests.conftest import tiny_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env.py"
 TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.max_seq_len=48",
-    "learner.batch_size=8", "learner.micro_batch_size=8", "learner.sft_steps=0",
-    "rollout.max_new_tokens=6", "critic.warmup_steps=1", "run.progress=false",
-    "run.eval_samples=1", "run.total_steps=2", "run.eval_every=0",
-]  # fmt: skip
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.max_seq_len=48",
+    "learner.batch_size=8",
+    "learner.micro_batch_size=8",
+    "learner.sft_steps=0",
+    "rollout.max_new_tokens=6",
+    "critic.warmup_steps=1",
+    "run.progress=false",
+    "run.eval_samples=1",
+    "run.total_steps=2",
+    "run.eval_every=0",
+]
 
 
 def rows(run: Path) -> list[dict]:
@@ -35,14 +43,26 @@ def test_example_environment_learns(tmp_path: Path) -> None:
     summary = saorl.train(
         {
             "model": {"hidden_size": 64, "intermediate_size": 128},
-            "learner": {"batch_size": 32, "micro_batch_size": 32, "sft_steps": 150,
-                        "sft_lr": 3e-3, "lr": 1e-3, "lr_warmup_steps": 0},
+            "learner": {
+                "batch_size": 32,
+                "micro_batch_size": 32,
+                "sft_steps": 150,
+                "sft_lr": 3e-3,
+                "lr": 1e-3,
+                "lr_warmup_steps": 0,
+            },
             "critic.warmup_steps": 2,
-            "run": {"total_steps": 40, "eval_every": 0, "concurrency": "sync", "seed": 1,
-                    "output_dir": str(tmp_path), "progress": False},
+            "run": {
+                "total_steps": 40,
+                "eval_every": 0,
+                "concurrency": "sync",
+                "seed": 1,
+                "output_dir": str(tmp_path),
+                "progress": False,
+            },
         },
         env=f"{EXAMPLE}:guessing",
-    )  # fmt: skip
+    )
     assert summary["steps"] == 40 and Path(summary["run_dir"]).parent == tmp_path
     rewards = [r["rollout/reward_mean"] for r in rows(Path(summary["run_dir"]))[1:]]
     assert len(rewards) == 40
@@ -72,8 +92,12 @@ REWARDS = textwrap.dedent("""
 
 def test_reward_functions_in_a_run(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1), "id": i})
-                            + "\n" for i in range(40)))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"problem": f"{i}+1", "answer": str(i + 1), "id": i}) + "\n"
+            for i in range(40)
+        )
+    )
     fns = tmp_path / "fns.py"
     fns.write_text(REWARDS)
     names = ", ".join(f'"{fns}:{f}"' for f in ("exact", "longer", "never", "flaky"))
@@ -81,10 +105,17 @@ def test_reward_functions_in_a_run(tmp_path: Path) -> None:
     # character long and always reaches the environment and its reward functions.
     stop = json.dumps(list(string.ascii_letters + string.digits + string.punctuation + " "))
     cfg = tiny_config(
-        *TINY, "env.name=math", f"env.dataset={data}", "env.use_tool=false", "env.eval_size=4",
-        "env.instructions=false", f"rollout.stop={stop}", f"env.reward_fns=[{names}]",
-        "env.reward_weights=[1.0, 0.5, 1.0, 1.0]", f"run.output_dir={tmp_path}",
-    )  # fmt: skip
+        *TINY,
+        "env.name=math",
+        f"env.dataset={data}",
+        "env.use_tool=false",
+        "env.eval_size=4",
+        "env.instructions=false",
+        f"rollout.stop={stop}",
+        f"env.reward_fns=[{names}]",
+        "env.reward_weights=[1.0, 0.5, 1.0, 1.0]",
+        f"run.output_dir={tmp_path}",
+    )
     summary = saorl.train(cfg)
     assert summary["steps"] == 2
     train_rows = [r for r in rows(Path(summary["run_dir"])) if "loss/policy" in r]
@@ -152,8 +183,14 @@ def test_bad_env_strings_exit_2(user_env: Path, capsys, name: str, message: str)
 def test_resume_eval_and_value_pretrain_with_a_file_env(
     user_env: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    args = ["env.name=envs/echo.py:make", "env.args={n = 10}", "run.output_dir=runs",
-            "run.name=echo", "learner.sft_steps=2", *TINY]  # fmt: skip
+    args = [
+        "env.name=envs/echo.py:make",
+        "env.args={n = 10}",
+        "run.output_dir=runs",
+        "run.name=echo",
+        "learner.sft_steps=2",
+        *TINY,
+    ]
     assert main(["train", *args]) == 0
     run = tmp_path / "runs" / "echo"
     assert f'name = "{user_env}:make"' in (run / "config.toml").read_text()  # stored absolute
@@ -177,8 +214,19 @@ def test_resume_eval_and_value_pretrain_with_a_file_env(
     assert (summary["problems"], summary["k"]) == (2, 1) and 0.0 <= summary["pass@1"] <= 1.0
 
     critic = tmp_path / "critic.pt"
-    code = main(["value-pretrain", "--rollouts", "8", "--epochs", "1", "--out", str(critic),
-                 f"env.name={user_env}:make", *TINY])  # fmt: skip
+    code = main(
+        [
+            "value-pretrain",
+            "--rollouts",
+            "8",
+            "--epochs",
+            "1",
+            "--out",
+            str(critic),
+            f"env.name={user_env}:make",
+            *TINY,
+        ]
+    )
     assert code == 0 and critic.is_file()
 
 
@@ -209,11 +257,23 @@ def test_ray_actors_resolve_a_file_env(tmp_path: Path, monkeypatch: pytest.Monke
     # driver hands them (dataclasses of the example's file) pickle by reference to the module
     # the actor loaded under the same name.
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", "--ray", "ray.num_cpus=2",
-         f"env.name={EXAMPLE}:guessing", "run.output_dir=runs", "run.name=ray",
-         "learner.sft_steps=2", *TINY],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            "--ray",
+            "ray.num_cpus=2",
+            f"env.name={EXAMPLE}:guessing",
+            "run.output_dir=runs",
+            "run.name=ray",
+            "learner.sft_steps=2",
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     summary = json.loads((tmp_path / "runs" / "ray" / "summary.json").read_text())
     assert summary["steps"] == 2

@@ -26,8 +26,9 @@ FAST = ["rollout.max_new_tokens=4"]
 
 
 def _eval(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "saorl", "eval", *args],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "saorl", "eval", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 def _summary(out: Path) -> dict:
@@ -48,10 +49,21 @@ def run_dir(tmp_path_factory) -> Path:
 def test_saorl_eval_on_aime25_with_a_tiny_model(tmp_path):
     # aime25 ships inside the package: no data root is needed
     out = tmp_path / "aime.jsonl"
-    proc = _eval("builtin:tiny", "env.name=math", "env.eval_dataset=aime25",
-                 "--k", "2", "--limit", "3", "rollout.max_new_tokens=8",
-                 "model.max_seq_len=2048", "--prompt-template", "boxed",
-                 "--out", str(out))  # fmt: skip
+    proc = _eval(
+        "builtin:tiny",
+        "env.name=math",
+        "env.eval_dataset=aime25",
+        "--k",
+        "2",
+        "--limit",
+        "3",
+        "rollout.max_new_tokens=8",
+        "model.max_seq_len=2048",
+        "--prompt-template",
+        "boxed",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(rows) == 3 and all(len(r["samples"]) == 2 for r in rows)
@@ -136,8 +148,9 @@ def test_eval_overrides_and_a_bad_one(run_dir, tmp_path, capsys):
 
 
 def _math_file(path: Path, n: int) -> Path:
-    path.write_text("".join(json.dumps({"q": f"{i} plus 1?", "a": str(i + 1)}) + "\n"
-                            for i in range(n)))  # fmt: skip
+    path.write_text(
+        "".join(json.dumps({"q": f"{i} plus 1?", "a": str(i + 1)}) + "\n" for i in range(n))
+    )
     return path
 
 
@@ -145,10 +158,19 @@ def test_eval_a_whole_dataset_file(tmp_path):
     # No training problems are needed: the training preset (env.dataset) is not even there.
     data = _math_file(tmp_path / "q.jsonl", 12)
     out = tmp_path / "e.jsonl"
-    proc = _eval("builtin:tiny", "env.name=math", f"env.eval_dataset={data}",
-                 f"env.data_root={tmp_path / 'empty'}", "env.problem_key=q", "env.answer_key=a",
-                 "env.use_tool=false", *FAST, "model.max_seq_len=128",
-                 "--out", str(out))  # fmt: skip
+    proc = _eval(
+        "builtin:tiny",
+        "env.name=math",
+        f"env.eval_dataset={data}",
+        f"env.data_root={tmp_path / 'empty'}",
+        "env.problem_key=q",
+        "env.answer_key=a",
+        "env.use_tool=false",
+        *FAST,
+        "model.max_seq_len=128",
+        "--out",
+        str(out),
+    )
     assert proc.returncode == 0, proc.stderr
     assert _summary(out)["problems"] == 12
 
@@ -206,8 +228,9 @@ def test_eval_against_an_openai_compatible_endpoint(tmp_path):
     server = HTTPServer(("127.0.0.1", 0), _FakeChat)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        cfg = load_config(None, ["env.name=math", f"env.eval_dataset={data}",
-                                 "env.problem_key=question"])  # fmt: skip
+        cfg = load_config(
+            None, ["env.name=math", f"env.eval_dataset={data}", "env.problem_key=question"]
+        )
         summary, rows = run_eval(
             "served", cfg, k=2, progress=False, base_url=f"http://127.0.0.1:{server.server_port}/v1"
         )
@@ -247,25 +270,44 @@ class _VotingChat(ChatStub):
             i = self.served.get(question, 0)
             self.served[question] = i + 1
             self.seen.append(body["messages"])
-        return {"choices": [{"message": {"content": self.REPLIES[question][i]},
-                             "finish_reason": "stop"}]}  # fmt: skip
+        return {
+            "choices": [
+                {"message": {"content": self.REPLIES[question][i]}, "finish_reason": "stop"}
+            ]
+        }
 
 
 def _served_eval(tmp_path: Path, *flags: str) -> tuple[dict, list[dict], list[list[dict]]]:
     """`saorl eval` (in this process) of a served model on the three `_VotingChat` questions,
     k=4, no tool; the summary, the per-problem rows and the messages the server got."""
     data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"problem": q, "answer": a}) + "\n"
-                            for q, a in (("6 times 7?", "42"), ("2 plus 2?", "4"),
-                                         ("1 plus 1?", "2"))))  # fmt: skip
+    data.write_text(
+        "".join(
+            json.dumps({"problem": q, "answer": a}) + "\n"
+            for q, a in (("6 times 7?", "42"), ("2 plus 2?", "4"), ("1 plus 1?", "2"))
+        )
+    )
     _VotingChat.served, _VotingChat.seen = {}, []
     server = HTTPServer(("127.0.0.1", 0), _VotingChat)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     out = tmp_path / "e.jsonl"
     try:
-        code = main(["eval", "served", "--base-url", f"http://127.0.0.1:{server.server_port}/v1",
-                     "--k", "4", "--out", str(out), *flags, "env.name=math",
-                     f"env.eval_dataset={data}", "env.use_tool=false"])  # fmt: skip
+        code = main(
+            [
+                "eval",
+                "served",
+                "--base-url",
+                f"http://127.0.0.1:{server.server_port}/v1",
+                "--k",
+                "4",
+                "--out",
+                str(out),
+                *flags,
+                "env.name=math",
+                f"env.eval_dataset={data}",
+                "env.use_tool=false",
+            ]
+        )
     finally:
         server.shutdown()
     assert code == 0
@@ -295,14 +337,30 @@ def test_eval_reports_maj_at_k_beside_avg_and_pass(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flag", "expected"),
     [
-        ("boxed", [{"role": "user", "content": "6 times 7?\nPlease reason step by step, and put "
-                    "your final answer within \\boxed{}."}]),
-        ("qwen_math", [{"role": "system", "content": "Please reason step by step, and put your "
-                        "final answer within \\boxed{}."},
-                       {"role": "user", "content": "6 times 7?"}]),
+        (
+            "boxed",
+            [
+                {
+                    "role": "user",
+                    "content": "6 times 7?\nPlease reason step by step, and put "
+                    "your final answer within \\boxed{}.",
+                }
+            ],
+        ),
+        (
+            "qwen_math",
+            [
+                {
+                    "role": "system",
+                    "content": "Please reason step by step, and put your "
+                    "final answer within \\boxed{}.",
+                },
+                {"role": "user", "content": "6 times 7?"},
+            ],
+        ),
         ("Q: {problem}\nA:", [{"role": "user", "content": "Q: 6 times 7?\nA:"}]),
     ],
-)  # fmt: skip
+)
 def test_prompt_templates_reach_the_served_model(tmp_path, flag, expected):
     summary, _, seen = _served_eval(tmp_path, "--prompt-template", flag)
     assert next(m for m in seen if "6 times 7?" in m[-1]["content"]) == expected
@@ -345,10 +403,20 @@ def test_the_python_api_takes_a_prompt_template(tmp_path):
     import saorl
 
     data = _math_file(tmp_path / "m.jsonl", 2)
-    summary = saorl.evaluate("builtin:tiny", overrides=["env.name=math", "env.use_tool=false",
-                             f"env.eval_dataset={data}", "env.problem_key=q", "env.answer_key=a",
-                             *FAST, "model.max_seq_len=128"],
-                             limit=1, prompt_template="boxed")  # fmt: skip
+    summary = saorl.evaluate(
+        "builtin:tiny",
+        overrides=[
+            "env.name=math",
+            "env.use_tool=false",
+            f"env.eval_dataset={data}",
+            "env.problem_key=q",
+            "env.answer_key=a",
+            *FAST,
+            "model.max_seq_len=128",
+        ],
+        limit=1,
+        prompt_template="boxed",
+    )
     assert summary["prompt_template"] == "boxed" and "maj@1" in summary
 
 

@@ -17,13 +17,29 @@ pytest.importorskip("ray")
 @pytest.mark.slow
 def test_saorl_train_with_ray(tmp_path: Path):
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", "--ray", "ray.num_cpus=2",
-         f"run.output_dir={tmp_path}", "run.name=e2e", "run.total_steps=3", "run.eval_every=2",
-         "learner.sft_steps=5", "learner.batch_size=8", "critic.warmup_steps=1",
-         "model.hidden_size=32", "model.intermediate_size=64", "env.eval_size=16",
-         "run.progress=false"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            "--ray",
+            "ray.num_cpus=2",
+            f"run.output_dir={tmp_path}",
+            "run.name=e2e",
+            "run.total_steps=3",
+            "run.eval_every=2",
+            "learner.sft_steps=5",
+            "learner.batch_size=8",
+            "critic.warmup_steps=1",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "env.eval_size=16",
+            "run.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     run = tmp_path / "e2e"
     summary = json.loads((run / "summary.json").read_text())

@@ -19,8 +19,13 @@ pytestmark = pytest.mark.slow
 
 
 def _saorl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "saorl", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "saorl", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def test_mine_validate_and_train(tmp_path: Path):
@@ -41,12 +46,24 @@ def test_mine_validate_and_train(tmp_path: Path):
     assert "2 of 2 task(s) valid" in checked.stdout
 
     train = _saorl(
-        "train", "--config", "examples/swe_real.toml", f"env.swe_tasks={out}",
-        f"env.swe_repos_root={setup['repos']}", *env, f"run.output_dir={tmp_path / 'runs'}",
-        "run.name=real", "run.total_steps=2", "run.eval_every=0", "run.checkpoint_every=0",
-        "run.progress=false", "learner.batch_size=2", "learner.micro_batch_size=2",
-        "rollout.max_new_tokens=24", "model.hidden_size=32", "model.intermediate_size=64",
-    )  # fmt: skip
+        "train",
+        "--config",
+        "examples/swe_real.toml",
+        f"env.swe_tasks={out}",
+        f"env.swe_repos_root={setup['repos']}",
+        *env,
+        f"run.output_dir={tmp_path / 'runs'}",
+        "run.name=real",
+        "run.total_steps=2",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+        "run.progress=false",
+        "learner.batch_size=2",
+        "learner.micro_batch_size=2",
+        "rollout.max_new_tokens=24",
+        "model.hidden_size=32",
+        "model.intermediate_size=64",
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     run = tmp_path / "runs" / "real"
     assert json.loads((run / "summary.json").read_text())["steps"] == 2

@@ -17,15 +17,36 @@ pytestmark = pytest.mark.slow
 
 def test_swe_lite_trains_and_evaluates(tmp_path: Path):
     train = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", "--config", "examples/swe_lite.toml",
-         f"run.output_dir={tmp_path}", "run.name=swe", "run.total_steps=2", "run.eval_every=0",
-         "run.checkpoint_every=0", "run.progress=false", "learner.sft_steps=2",
-         "learner.sft_batch_size=2", "learner.batch_size=2", "learner.micro_batch_size=2",
-         "critic.warmup_steps=1", "env.swe_num_tasks=2", "env.eval_size=1",
-         f"env.swe_cache_dir={tmp_path / 'cache'}", "rollout.max_new_tokens=24",
-         "model.hidden_size=32", "model.intermediate_size=64"],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            "--config",
+            "examples/swe_lite.toml",
+            f"run.output_dir={tmp_path}",
+            "run.name=swe",
+            "run.total_steps=2",
+            "run.eval_every=0",
+            "run.checkpoint_every=0",
+            "run.progress=false",
+            "learner.sft_steps=2",
+            "learner.sft_batch_size=2",
+            "learner.batch_size=2",
+            "learner.micro_batch_size=2",
+            "critic.warmup_steps=1",
+            "env.swe_num_tasks=2",
+            "env.eval_size=1",
+            f"env.swe_cache_dir={tmp_path / 'cache'}",
+            "rollout.max_new_tokens=24",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     run = tmp_path / "swe"
     summary = json.loads((run / "summary.json").read_text())
@@ -41,10 +62,24 @@ def test_swe_lite_trains_and_evaluates(tmp_path: Path):
 
     out = tmp_path / "evals" / "swe.jsonl"
     ev = subprocess.run(
-        [sys.executable, "-m", "saorl", "eval", str(run), "--limit", "1",
-         "rollout.max_new_tokens=16", "env.max_turns=2", "--out", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "eval",
+            str(run),
+            "--limit",
+            "1",
+            "rollout.max_new_tokens=16",
+            "env.max_turns=2",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert ev.returncode == 0, ev.stderr[-3000:]
     result = json.loads(out.with_suffix(".summary.json").read_text())
     assert result["resolved_rate"] == result["accuracy"] and 0.0 <= result["accuracy"] <= 1.0

@@ -24,12 +24,34 @@ from tests._tracker_readers import (
     wandb_offline_runs,
 )
 
-TINY = ["run.total_steps=3", "run.eval_every=2", "learner.sft_steps=0", "learner.batch_size=8",
-        "critic.warmup_steps=1", "model.hidden_size=32", "model.intermediate_size=64",
-        "env.eval_size=16", "run.progress=false"]  # fmt: skip
-SAMPLE_FIELDS = {"step", "index", "prompt", "turns", "reward", "staleness", "stop_reason",
-                 "prompt_key", "group_id", "action_tokens", "observation_tokens", "versions",
-                 "info", "advantage", "batch_advantage"}  # fmt: skip
+TINY = [
+    "run.total_steps=3",
+    "run.eval_every=2",
+    "learner.sft_steps=0",
+    "learner.batch_size=8",
+    "critic.warmup_steps=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "env.eval_size=16",
+    "run.progress=false",
+]
+SAMPLE_FIELDS = {
+    "step",
+    "index",
+    "prompt",
+    "turns",
+    "reward",
+    "staleness",
+    "stop_reason",
+    "prompt_key",
+    "group_id",
+    "action_tokens",
+    "observation_tokens",
+    "versions",
+    "info",
+    "advantage",
+    "batch_advantage",
+}
 
 
 def assert_same_series(got: dict, want: dict, rel: float = 0.0) -> None:
@@ -46,10 +68,22 @@ def test_train_with_every_tracker(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("WANDB_", "MLFLOW_"))}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", f"run.output_dir={tmp_path}", "run.name=trk",
-         *TINY, 'run.trackers=["tensorboard", "wandb", "mlflow"]', "run.log_samples_every=2"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            f"run.output_dir={tmp_path}",
+            "run.name=trk",
+            *TINY,
+            'run.trackers=["tensorboard", "wandb", "mlflow"]',
+            "run.log_samples_every=2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr
     run = tmp_path / "trk"
     metrics = read_metrics(run / "metrics.jsonl")

@@ -13,23 +13,44 @@ import pytest
 from tests._tracker_readers import metric_series, tb_scalars
 
 REQUIRED_KEYS = {
-    "step", "rollout/reward_mean", "loss/policy", "loss/value", "dis/masked_frac",
-    "value/explained_variance", "critic/grad_norm", "async/staleness_mean",
-    "async/staleness_max", "async/dropped_stale", "perf/learner_idle_frac",
-    "perf/rollout_tokens_per_s", "time/wall_s",
-}  # fmt: skip
+    "step",
+    "rollout/reward_mean",
+    "loss/policy",
+    "loss/value",
+    "dis/masked_frac",
+    "value/explained_variance",
+    "critic/grad_norm",
+    "async/staleness_mean",
+    "async/staleness_max",
+    "async/dropped_stale",
+    "perf/learner_idle_frac",
+    "perf/rollout_tokens_per_s",
+    "time/wall_s",
+}
 
 
 def test_saorl_train_console_script(tmp_path: Path):
     exe = shutil.which("saorl", path=str(Path(sys.executable).parent)) or shutil.which("saorl")
     cmd = [exe] if exe else [sys.executable, "-m", "saorl"]
     out = subprocess.run(
-        [*cmd, "train", f"run.output_dir={tmp_path}", "run.name=e2e", "run.total_steps=3",
-         "run.eval_every=2", "learner.sft_steps=5", "learner.batch_size=8",
-         "critic.warmup_steps=1", "model.hidden_size=32", "model.intermediate_size=64",
-         "env.eval_size=16"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            *cmd,
+            "train",
+            f"run.output_dir={tmp_path}",
+            "run.name=e2e",
+            "run.total_steps=3",
+            "run.eval_every=2",
+            "learner.sft_steps=5",
+            "learner.batch_size=8",
+            "critic.warmup_steps=1",
+            "model.hidden_size=32",
+            "model.intermediate_size=64",
+            "env.eval_size=16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     run = tmp_path / "e2e"
     assert "run directory" in out.stdout
@@ -61,8 +82,10 @@ def test_saorl_train_console_script(tmp_path: Path):
 def test_saorl_train_bad_override_is_a_clear_error(tmp_path: Path):
     out = subprocess.run(
         [sys.executable, "-m", "saorl", "train", "learner.batch_size=0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 2
     assert "learner.batch_size" in out.stderr
     assert "Traceback" not in out.stderr
@@ -70,10 +93,18 @@ def test_saorl_train_bad_override_is_a_clear_error(tmp_path: Path):
 
 def test_missing_model_path_is_a_clear_error(tmp_path: Path):
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", f"run.output_dir={tmp_path}",
-         f"model.name_or_path={tmp_path / 'nope'}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            f"run.output_dir={tmp_path}",
+            f"model.name_or_path={tmp_path / 'nope'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode != 0
     assert "model.name_or_path" in out.stderr
     assert "Traceback" not in out.stderr

@@ -23,8 +23,9 @@ def saorl_cmd(*args: str) -> list[str]:
 
 
 def run_saorl(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
-    return subprocess.run(saorl_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          env=env)  # fmt: skip
+    return subprocess.run(
+        saorl_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def metric_rows(run_dir: Path) -> list[dict]:

@@ -160,14 +160,24 @@ def _feed(task, group_size: int = 2):
 
 
 def _trajectory(key: str, group: int) -> Trajectory:
-    return Trajectory([1, 2], [3, 4], [1, 1], [-0.5, -0.25], [0, 0], reward=1.0, prompt_key=key,
-                      group_id=group, info={"turns": 1, "tool_calls": 0})  # fmt: skip
+    return Trajectory(
+        [1, 2],
+        [3, 4],
+        [1, 1],
+        [-0.5, -0.25],
+        [0, 0],
+        reward=1.0,
+        prompt_key=key,
+        group_id=group,
+        info={"turns": 1, "tool_calls": 0},
+    )
 
 
 def test_pending_rollouts_of_a_dataset_round_trip_as_plain_data(tmp_path: Path):
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+{i}", "answer": str(2 * i)}) + "\n"
-                            for i in range(8)))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"problem": f"{i}+{i}", "answer": str(2 * i)}) + "\n" for i in range(8))
+    )
     task = DatasetTask(load_problems(data), [])
     feed = _feed(task)
     first, group = feed.next()  # one member of a group of two handed out, one still owed
@@ -176,8 +186,7 @@ def test_pending_rollouts_of_a_dataset_round_trip_as_plain_data(tmp_path: Path):
     snap = snapshot_rollouts([], feed, out, {})
     save_checkpoint(tmp_path / "run", 1, {"step": 1, **snap})
     state = load_state_file(tmp_path / "run" / "checkpoints" / "step_00000001.pt")
-    assert state["feed_group"][1] == {"saorl_train_task": task.train.index(first),
-                                      "key": first.key}  # fmt: skip
+    assert state["feed_group"][1] == {"saorl_train_task": task.train.index(first), "key": first.key}
 
     resumed, out2 = _feed(task), queue.Queue()
     assert restore_rollouts(state, [], resumed, out2) == 1

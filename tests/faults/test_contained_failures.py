@@ -26,8 +26,9 @@ pytestmark = pytest.mark.faults
 
 
 @pytest.mark.parametrize("concurrency", ["sync", "threads"])
-def test_env_that_raises_or_hangs_fails_its_trajectory_only(tmp_path: Path, monkeypatch,
-                                                            concurrency):  # fmt: skip
+def test_env_that_raises_or_hangs_fails_its_trajectory_only(
+    tmp_path: Path, monkeypatch, concurrency
+):
     calls = itertools.count()
     real_step = ArithmeticEnv.step
 
@@ -48,9 +49,14 @@ def test_env_that_raises_or_hangs_fails_its_trajectory_only(tmp_path: Path, monk
         return real_emit(self, ep, reason)
 
     monkeypatch.setattr("saorl.rollout.worker.RolloutWorker._emit", recording_emit)
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=3", "run.eval_every=0",
-                      f"run.concurrency={concurrency}", "env.step_timeout_s=0.2",
-                      "run.checkpoint_every=0")  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "run.total_steps=3",
+        "run.eval_every=0",
+        f"run.concurrency={concurrency}",
+        "env.step_timeout_s=0.2",
+        "run.checkpoint_every=0",
+    )
     summary = train_from_config(cfg)
     assert summary["steps"] == 3
     rows = metric_rows(Path(summary["run_dir"]))
@@ -61,11 +67,18 @@ def test_env_that_raises_or_hangs_fails_its_trajectory_only(tmp_path: Path, monk
 
 def _batch(tokenizer, reward: float) -> Batch:
     trajs = [
-        Trajectory(prompt_ids=[5, 6, 7], completion_ids=[8, 9, 10], loss_mask=[1, 1, 1],
-                   rollout_logprobs=[-1.0, -1.2, -0.8], versions=[0, 0, 0], reward=reward,
-                   stop_reason="answer", prompt_key=str(i))
+        Trajectory(
+            prompt_ids=[5, 6, 7],
+            completion_ids=[8, 9, 10],
+            loss_mask=[1, 1, 1],
+            rollout_logprobs=[-1.0, -1.2, -0.8],
+            versions=[0, 0, 0],
+            reward=reward,
+            stop_reason="answer",
+            prompt_key=str(i),
+        )
         for i in range(4)
-    ]  # fmt: skip
+    ]
     return Batch.from_trajectories(trajs, tokenizer.pad_token_id)
 
 
@@ -95,8 +108,16 @@ def test_nonfinite_gradient_is_skipped_then_stops_the_run():
 
 def test_cli_stops_with_exit_3_and_keeps_checkpoints(tmp_path: Path, monkeypatch, capsys):
     monkeypatch.setattr(ArithmeticTask, "reward", staticmethod(lambda p, t: math.nan))
-    code = main(["train", *TINY_SYNC, f"run.output_dir={tmp_path}", "run.name=nan",
-                 "run.total_steps=10", "learner.max_nonfinite_in_a_row=2"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *TINY_SYNC,
+            f"run.output_dir={tmp_path}",
+            "run.name=nan",
+            "run.total_steps=10",
+            "learner.max_nonfinite_in_a_row=2",
+        ]
+    )
     assert code == 3
     err = capsys.readouterr().err
     assert "2 learner steps in a row had a NaN/Inf gradient" in err and "Traceback" not in err
@@ -107,8 +128,9 @@ def test_cli_stops_with_exit_3_and_keeps_checkpoints(tmp_path: Path, monkeypatch
 
 
 @pytest.mark.parametrize("concurrency", ["sync", "threads"])
-def test_crashed_rollout_worker_is_restarted_and_training_goes_on(tmp_path: Path, monkeypatch,
-                                                                  concurrency):  # fmt: skip
+def test_crashed_rollout_worker_is_restarted_and_training_goes_on(
+    tmp_path: Path, monkeypatch, concurrency
+):
     from saorl.rollout.worker import PromptFeed, RolloutWorker
 
     calls = itertools.count()
@@ -126,11 +148,18 @@ def test_crashed_rollout_worker_is_restarted_and_training_goes_on(tmp_path: Path
     monkeypatch.setattr(RolloutWorker, "step", crashing_step)
     reissued: list[int] = []
     real_reissue = PromptFeed.reissue
-    monkeypatch.setattr(PromptFeed, "reissue",
-                        lambda self, items: (reissued.append(len(items)),
-                                             real_reissue(self, items)))  # fmt: skip
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=4", "run.eval_every=0",
-                      f"run.concurrency={concurrency}", "run.checkpoint_every=0")  # fmt: skip
+    monkeypatch.setattr(
+        PromptFeed,
+        "reissue",
+        lambda self, items: (reissued.append(len(items)), real_reissue(self, items)),
+    )
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "run.total_steps=4",
+        "run.eval_every=0",
+        f"run.concurrency={concurrency}",
+        "run.checkpoint_every=0",
+    )
     summary = train_from_config(cfg)
     assert summary["steps"] == 4
     assert metric_rows(Path(summary["run_dir"]))[-1]["rollout/worker_restarts"] == 2
@@ -149,7 +178,12 @@ def test_worker_that_keeps_crashing_fails_the_run_clearly(tmp_path: Path, monkey
         return real_step(self)
 
     monkeypatch.setattr(RolloutWorker, "step", broken_step)
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=4", "run.eval_every=0",
-                      "run.max_worker_restarts=2", "run.checkpoint_every=0")  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "run.total_steps=4",
+        "run.eval_every=0",
+        "run.max_worker_restarts=2",
+        "run.checkpoint_every=0",
+    )
     with pytest.raises(RuntimeError, match=r"rollout-0 failed \(2 restarts so far"):
         train_from_config(cfg)

@@ -18,11 +18,13 @@ pytestmark = pytest.mark.faults
 
 
 def test_sync_resume_matches_uninterrupted_run(tmp_path: Path):
-    whole = tiny_config(*TINY_SYNC, f"run.output_dir={tmp_path}", "run.name=whole",
-                        "run.total_steps=6")  # fmt: skip
+    whole = tiny_config(
+        *TINY_SYNC, f"run.output_dir={tmp_path}", "run.name=whole", "run.total_steps=6"
+    )
     train_from_config(whole)
-    first = tiny_config(*TINY_SYNC, f"run.output_dir={tmp_path}", "run.name=split",
-                        "run.total_steps=3")  # fmt: skip
+    first = tiny_config(
+        *TINY_SYNC, f"run.output_dir={tmp_path}", "run.name=split", "run.total_steps=3"
+    )
     train_from_config(first)
     rest = first.model_copy(update={"run": first.run.model_copy(update={"total_steps": 6})})
     train_from_config(rest, resume=str(tmp_path / "split"))

@@ -84,8 +84,10 @@ atexit.register(_forge)
 def dist_info(entry_name: str, where: str = "") -> dict[str, str]:
     """A `*.dist-info` that registers `calc.plug` as the pytest11 entry point `entry_name`."""
     base = f"{where}evil-1.0.dist-info"
-    return {f"{base}/METADATA": DIST_META,
-            f"{base}/entry_points.txt": f"[pytest11]\n{entry_name} = calc.plug\n"}  # fmt: skip
+    return {
+        f"{base}/METADATA": DIST_META,
+        f"{base}/entry_points.txt": f"[pytest11]\n{entry_name} = calc.plug\n",
+    }
 
 
 def forged_pyc(test_path: str) -> dict[str, bytes]:
@@ -103,9 +105,16 @@ def forged_pyc(test_path: str) -> dict[str, bytes]:
 def make_task(root: Path, files: dict[str, str], autoload: bool = False, name: str = "snap"):
     data = {k: v.encode() for k, v in files.items()}
     # SWE-bench style: only the file the test ids name is protected, not the whole test tree.
-    return SweTask(key="calc-1", prompt="add subtracts", fail_to_pass=F2P, pass_to_pass=P2P,
-                   snapshot=root / name, fill=functools.partial(write_files, files=data),
-                   protected=("tests/test_ops.py",), plugin_autoload=autoload)  # fmt: skip
+    return SweTask(
+        key="calc-1",
+        prompt="add subtracts",
+        fail_to_pass=F2P,
+        pass_to_pass=P2P,
+        snapshot=root / name,
+        fill=functools.partial(write_files, files=data),
+        protected=("tests/test_ops.py",),
+        plugin_autoload=autoload,
+    )
 
 
 @pytest.fixture
@@ -124,8 +133,12 @@ def autoload_task(tmp_path: Path) -> SweTask:
 def src_task(tmp_path: Path) -> SweTask:
     """The repository's own pytest config (a name outside the file-level list, with a path
     relative to itself) must keep working: without `pythonpath = src` nothing imports."""
-    files = {"pytest.toml": '[pytest]\npythonpath = ["src"]\n', "src/calc/__init__.py": "",
-             "src/calc/ops.py": OPS, "tests/test_ops.py": TESTS}  # fmt: skip
+    files = {
+        "pytest.toml": '[pytest]\npythonpath = ["src"]\n',
+        "src/calc/__init__.py": "",
+        "src/calc/ops.py": OPS,
+        "tests/test_ops.py": TESTS,
+    }
     return make_task(tmp_path, files, autoload=True, name="snap-src")
 
 
@@ -141,8 +154,11 @@ def _assert_not_cheated(result) -> None:
 
 
 def test_gold_fix_resolves(task, autoload_task, src_task):
-    for t, path in ((task, "calc/ops.py"), (autoload_task, "calc/ops.py"),
-                    (src_task, "src/calc/ops.py")):  # fmt: skip
+    for t, path in (
+        (task, "calc/ops.py"),
+        (autoload_task, "calc/ops.py"),
+        (src_task, "src/calc/ops.py"),
+    ):
         result = _grade(t, {path: FIXED})
         assert result.resolved, result.info()
         _assert_not_cheated(_grade(t, {}))
@@ -270,8 +286,12 @@ def test_repository_config_cannot_be_changed(src_task, name):
     ],
 )
 def test_repository_config_is_honoured(tmp_path: Path, name, text):
-    files = {name: text, "src/calc/__init__.py": "", "src/calc/ops.py": OPS,
-             "tests/test_ops.py": TESTS}  # fmt: skip
+    files = {
+        name: text,
+        "src/calc/__init__.py": "",
+        "src/calc/ops.py": OPS,
+        "tests/test_ops.py": TESTS,
+    }
     task = make_task(tmp_path, files)
     assert _grade(task, {"src/calc/ops.py": FIXED}).resolved
     _assert_not_cheated(_grade(task, {"src/calc/plug.py": PLUG, ".pytest.ini": INI}))
@@ -281,8 +301,12 @@ def test_plugins_named_by_the_repository_config_come_from_the_environment(tmp_pa
     # The task's own config loads an installed plugin by name and puts src/ on sys.path; a
     # dist-info there claiming that name must not be what loads.
     config = '[pytest]\npythonpath = ["src"]\naddopts = ["-p", "timeout"]\n'
-    files = {"pytest.toml": config, "src/calc/__init__.py": "", "src/calc/ops.py": OPS,
-             "tests/test_ops.py": TESTS}  # fmt: skip
+    files = {
+        "pytest.toml": config,
+        "src/calc/__init__.py": "",
+        "src/calc/ops.py": OPS,
+        "tests/test_ops.py": TESTS,
+    }
     task = make_task(tmp_path, files)
     assert _grade(task, {"src/calc/ops.py": FIXED}).resolved
     _assert_not_cheated(_grade(task, {"src/calc/plug.py": PLUG, **dist_info("timeout", "src/")}))
@@ -312,8 +336,13 @@ RUNNER_ATTACKS["root-pytest-ini"] = {"pytest.ini": INI}
 
 
 def _run_tree(tmp_path: Path, extra: dict, **kw):
-    files = {"calc/__init__.py": "", "calc/ops.py": OPS, "tests/test_ops.py": TESTS,
-             "calc/plug.py": PLUG, **extra}  # fmt: skip
+    files = {
+        "calc/__init__.py": "",
+        "calc/ops.py": OPS,
+        "tests/test_ops.py": TESTS,
+        "calc/plug.py": PLUG,
+        **extra,
+    }
     work = tmp_path / "tree"
     write_files(work, {k: (v.encode() if isinstance(v, str) else v) for k, v in files.items()})
     return run_tests(work, [*F2P, *P2P], test_timeout_s=5.0, wall_s=60.0, **kw)

@@ -115,10 +115,19 @@ def test_dataset_directory_that_cannot_be_read(tmp_path: Path, capsys, monkeypat
 
 def test_prompts_longer_than_the_context(tmp_path: Path, capsys):
     path = tmp_path / "long.jsonl"
-    path.write_text("".join(json.dumps({"problem": "x" * 80 + str(i), "answer": str(i)}) + "\n"
-                            for i in range(40)))  # fmt: skip
-    code, err = _train(tmp_path, capsys, "env.name=math", f"env.dataset={path}",
-                       "env.eval_size=4", "run.total_steps=50")  # fmt: skip
+    path.write_text(
+        "".join(
+            json.dumps({"problem": "x" * 80 + str(i), "answer": str(i)}) + "\n" for i in range(40)
+        )
+    )
+    code, err = _train(
+        tmp_path,
+        capsys,
+        "env.name=math",
+        f"env.dataset={path}",
+        "env.eval_size=4",
+        "run.total_steps=50",
+    )
     assert code == 2 and "longer than the context" in err and "model.max_seq_len" in err
     # The run stopped on its input after making its directory: nothing of it is left.
     assert not (tmp_path / "runs").exists()

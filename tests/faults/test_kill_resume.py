@@ -49,8 +49,13 @@ def test_sigkill_during_checkpoints_and_at_random_times(tmp_path: Path):
         env = dict(os.environ)
         if isinstance(fault, str):
             env["SAORL_FAULT"] = fault
-            out = subprocess.run(saorl_cmd("train", *base, *args), env=env,
-                                 capture_output=True, text=True, timeout=300)  # fmt: skip
+            out = subprocess.run(
+                saorl_cmd("train", *base, *args),
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
             code = out.returncode
             # The run reaches the armed point unless it had already passed that step.
             assert code in (-signal.SIGKILL, 0), out.stderr

@@ -31,8 +31,10 @@ from saorl.checkpoint.dcp import SafeReader
 from tests.faults._common import TINY_SYNC, run_saorl
 from tests.faults.test_checkpoint_safety import _refused, _RunsCommand, _snapshot
 
-pytestmark = [pytest.mark.faults,
-              pytest.mark.filterwarnings("ignore:torch.distributed is disabled")]  # fmt: skip
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled"),
+]
 
 TENSORS = {"policy": {"w": torch.arange(6.0).reshape(2, 3)}, "policy_opt": {"w": torch.ones(3)}}
 
@@ -112,8 +114,9 @@ def test_missing_shards_are_damage_and_resume_falls_back(tmp_path: Path):
 
 def test_saorl_train_resume_refuses_a_malicious_sharded_checkpoint(tmp_path: Path):
     out = tmp_path / "runs"
-    made = run_saorl("train", *TINY_SYNC, "run.total_steps=1", f"run.output_dir={out}",
-                     "run.name=r")  # fmt: skip
+    made = run_saorl(
+        "train", *TINY_SYNC, "run.total_steps=1", f"run.output_dir={out}", "run.name=r"
+    )
     assert made.returncode == 0, made.stderr
     run = out / "r"
     marker = tmp_path / "MARKER"

@@ -101,11 +101,13 @@ def test_many_empty_entries_count_against_the_disk_budget(task, tmp_path: Path):
 
 def test_names_that_are_not_utf8_are_graded(task, tmp_path: Path):
     make = hermes_call(
-        "bash", command="printf 'x = 1\\n' > $'bad\\xff.py' && mkdir $'dir\\xfe' && "
-        "printf 'y\\n' > $'dir\\xfe/f.txt' && ls | wc -l"
-    )  # fmt: skip
-    made, listed, graded = _episode(task, tmp_path, [make, hermes_call("view", path="."),
-                                                     hermes_call("submit")])  # fmt: skip
+        "bash",
+        command="printf 'x = 1\\n' > $'bad\\xff.py' && mkdir $'dir\\xfe' && "
+        "printf 'y\\n' > $'dir\\xfe/f.txt' && ls | wc -l",
+    )
+    made, listed, graded = _episode(
+        task, tmp_path, [make, hermes_call("view", path="."), hermes_call("submit")]
+    )
     assert made.info["tool_status"] == "ok"
     assert "\n  bad\\xff.py\n" in listed.observations[0]["content"]
     assert graded.done and "grade_error" not in graded.info, graded.info

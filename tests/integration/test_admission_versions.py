@@ -38,8 +38,9 @@ def _max_staleness_in_start_order(lookahead: int, minibatches: int, batch: int =
 
 @pytest.mark.parametrize(("max_staleness", "minibatches"), [(4, 1), (4, 2), (2, 2), (6, 3)])
 def test_admission_window_keeps_staleness_within_max_staleness(max_staleness, minibatches):
-    cfg = tiny_config(f"learner.max_staleness={max_staleness}",
-                      f"algorithm.minibatches={minibatches}")  # fmt: skip
+    cfg = tiny_config(
+        f"learner.max_staleness={max_staleness}", f"algorithm.minibatches={minibatches}"
+    )
     lookahead = admission_lookahead(cfg)
     assert lookahead == max_staleness // minibatches
     assert _max_staleness_in_start_order(lookahead, minibatches) == max_staleness
@@ -58,9 +59,15 @@ def test_a_threaded_run_with_two_minibatches_drops_nothing_as_stale(tmp_path):
     # Two policy versions per batch, at most two versions of staleness: admission lets one
     # batch run ahead, whose rollouts are sampled by the version before the learner's step and
     # trained right after it (staleness exactly 2), never later.
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=6", "run.checkpoint_every=0",
-                      "run.concurrency=threads", "algorithm.minibatches=2",
-                      "learner.max_staleness=2", "run.trackers=[]")  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "run.total_steps=6",
+        "run.checkpoint_every=0",
+        "run.concurrency=threads",
+        "algorithm.minibatches=2",
+        "learner.max_staleness=2",
+        "run.trackers=[]",
+    )
     summary = train_from_config(cfg)
     assert summary["dropped_stale"] == 0
     assert summary["policy_version"] == 2 * (6 - cfg.critic.warmup_steps)

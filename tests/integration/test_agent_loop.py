@@ -85,8 +85,9 @@ def _run(tok, turns, env_factory, **limits):
     engine = ScriptedEngine(tok, turns)
     feed = PromptFeed(_Tasks(), random.Random(0), 1, 1)
     out: queue.Queue = queue.Queue()
-    lim = AgentLimits(**{"max_seq_len": 64, "max_new_tokens": 8, "max_turns": 4,
-                         "max_tool_calls": 4, **limits})  # fmt: skip
+    lim = AgentLimits(
+        **{"max_seq_len": 64, "max_new_tokens": 8, "max_turns": 4, "max_tool_calls": 4, **limits}
+    )
     worker = RolloutWorker(engine, feed, tok, out, env_factory, lim)
     worker.fill()
     for _ in range(10):
@@ -118,8 +119,9 @@ def test_multi_turn_ids_masks_logprobs_versions_align(tok):
         {"role": "tool", "content": "out1"},
         {"role": "assistant", "content": "4"},
     ]
-    expected = tok.encode(tok.apply_chat_template(conversation, tokenize=False),
-                          add_special_tokens=False)  # fmt: skip
+    expected = tok.encode(
+        tok.apply_chat_template(conversation, tokenize=False), add_special_tokens=False
+    )
     assert traj.prompt_ids + traj.completion_ids == expected
     # Model tokens: "calc<eos>" then "4<eos>"; the rest is observation.
     first, second = 5, 2
@@ -199,10 +201,17 @@ def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
     turns = ["<python>print(2**20)</python>", "<python>print(1/0)</python>", "\\boxed{1048576}"]
     engine = ScriptedEngine(plain, turns, eos=False)
     out: queue.Queue = queue.Queue()
-    limits = AgentLimits(max_seq_len=1024, max_new_tokens=64, max_turns=4, max_tool_calls=4,
-                         stop=("</python>",))  # fmt: skip
-    worker = RolloutWorker(engine, PromptFeed(OneTask(), random.Random(0), 1, 1), plain, out,
-                           lambda: MathToolEnv(grader=grader), limits)  # fmt: skip
+    limits = AgentLimits(
+        max_seq_len=1024, max_new_tokens=64, max_turns=4, max_tool_calls=4, stop=("</python>",)
+    )
+    worker = RolloutWorker(
+        engine,
+        PromptFeed(OneTask(), random.Random(0), 1, 1),
+        plain,
+        out,
+        lambda: MathToolEnv(grader=grader),
+        limits,
+    )
     worker.fill()
     deadline = time.monotonic() + 60
     while out.empty() and time.monotonic() < deadline:
@@ -217,6 +226,7 @@ def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
     assert "<output>\n1048576\n</output>" in text
     assert "ZeroDivisionError" in text
     # Observation tokens (sandbox output) carry mask 0; the model's own turns mask 1.
-    masked_text = plain.decode([t for t, m in zip(traj.completion_ids, traj.loss_mask,
-                                                  strict=True) if m])  # fmt: skip
+    masked_text = plain.decode(
+        [t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True) if m]
+    )
     assert masked_text == "".join(turns)

@@ -30,9 +30,14 @@ STOP_ON_MOST_CHARS = "rollout.stop=" + str(list(string.ascii_letters + string.di
 def test_each_algorithm_runs_async_steps(tmp_path, monkeypatch, name):
     monkeypatch.setattr(ArithmeticTask, "reward", staticmethod(lambda p, t: float(len(t) % 2)))
     cfg = tiny_config(
-        f"run.output_dir={tmp_path}", f"algorithm.name={name}", "algorithm.group_size=4",
-        "run.total_steps=3", "run.eval_every=0", STOP_ON_MOST_CHARS, "algorithm.minibatches=2",
-    )  # fmt: skip
+        f"run.output_dir={tmp_path}",
+        f"algorithm.name={name}",
+        "algorithm.group_size=4",
+        "run.total_steps=3",
+        "run.eval_every=0",
+        STOP_ON_MOST_CHARS,
+        "algorithm.minibatches=2",
+    )
     summary = train_from_config(cfg)
     assert summary["steps"] == 3
     rows = [
@@ -54,8 +59,16 @@ def test_each_algorithm_runs_async_steps(tmp_path, monkeypatch, name):
 
 
 def _traj(group: int, reward: float, n: int = 2, version: int = 0) -> Trajectory:
-    return Trajectory([5, 6], [7] * n, [1] * n, [-0.5] * n, [version] * n, reward=reward,
-                      group_id=group, prompt_key=f"p{group}")  # fmt: skip
+    return Trajectory(
+        [5, 6],
+        [7] * n,
+        [1] * n,
+        [-0.5] * n,
+        [version] * n,
+        reward=reward,
+        group_id=group,
+        prompt_key=f"p{group}",
+    )
 
 
 class _Feed:
@@ -121,9 +134,13 @@ def test_ppo_clip_acts_only_with_several_minibatches(tiny_policy, name):
     clip = {}
     for n in (1, 2):
         cfg = tiny_config(
-            f"algorithm.name={name}", "algorithm.group_size=4", f"algorithm.minibatches={n}",
-            "critic.warmup_steps=0", "learner.lr=0.05", "learner.lr_warmup_steps=0",
-        )  # fmt: skip
+            f"algorithm.name={name}",
+            "algorithm.group_size=4",
+            f"algorithm.minibatches={n}",
+            "critic.warmup_steps=0",
+            "learner.lr=0.05",
+            "learner.lr_warmup_steps=0",
+        )
         learner = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
         m = learner.step(batch)
         assert learner.version == n
@@ -138,12 +155,16 @@ def test_positive_lm_loss_weighs_correct_rows_like_one_full_batch(tiny_policy):
     policy, _ = tiny_policy
     batch = _batch(policy)  # rows 1, 3, 5, 7 have reward 1: the correct ones
     common = ("algorithm.name=vapo", "algorithm.group_size=8", "critic.warmup_steps=0")
-    full = Learner(tiny_config(*common, "algorithm.minibatches=1",
-                               "learner.micro_batch_size=8"), copy.deepcopy(policy),
-                   torch.device("cpu"))  # fmt: skip
-    micro = Learner(tiny_config(*common, "algorithm.minibatches=1",
-                                "learner.micro_batch_size=3"), copy.deepcopy(policy),
-                    torch.device("cpu"))  # fmt: skip
+    full = Learner(
+        tiny_config(*common, "algorithm.minibatches=1", "learner.micro_batch_size=8"),
+        copy.deepcopy(policy),
+        torch.device("cpu"),
+    )
+    micro = Learner(
+        tiny_config(*common, "algorithm.minibatches=1", "learner.micro_batch_size=3"),
+        copy.deepcopy(policy),
+        torch.device("cpu"),
+    )
     m_full, m_micro = full.step(batch), micro.step(batch)
     # Before the update the policy is the one that recorded the rollout log-probs, so the LM
     # loss is the mean of -rollout_logp over the correct rows' action tokens.
@@ -156,8 +177,11 @@ def test_positive_lm_loss_weighs_correct_rows_like_one_full_batch(tiny_policy):
     for a, b in zip(full.policy.parameters(), micro.policy.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=2e-6, rtol=1e-5)
     # Without the LM loss the same step differs: the term really is in the gradient.
-    plain = Learner(tiny_config(*common, "algorithm.minibatches=1", "algorithm.lm_loss_coef=0"),
-                    copy.deepcopy(policy), torch.device("cpu"))  # fmt: skip
+    plain = Learner(
+        tiny_config(*common, "algorithm.minibatches=1", "algorithm.lm_loss_coef=0"),
+        copy.deepcopy(policy),
+        torch.device("cpu"),
+    )
     assert "loss/lm" not in plain.step(batch)
     pairs = zip(full.policy.parameters(), plain.policy.parameters(), strict=True)
     assert any(not torch.equal(a, b) for a, b in pairs)

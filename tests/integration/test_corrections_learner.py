@@ -37,9 +37,11 @@ def test_a_band_that_drops_every_token_stops_the_policy_gradient(tiny_policy):
     policy, _ = tiny_policy
     batch = _batch(policy)
     learner = _learner(
-        policy, "algorithm.correction=token_mis", "algorithm.correction_low=2",
+        policy,
+        "algorithm.correction=token_mis",
+        "algorithm.correction_low=2",
         "algorithm.correction_high=3",
-    )  # fmt: skip
+    )
     m = learner.step(batch)
     # Shares of micro-batch means: 1 up to float rounding.
     assert abs(m["corr/token_drop_frac"] - 1) < 1e-6 and abs(m["corr/seq_drop_frac"] - 1) < 1e-6

@@ -54,12 +54,16 @@ def _assert_same_state(a: Learner, b: Learner) -> None:
     "overrides",
     [
         ("critic.updates_per_step=2", "critic.warmup_steps=1", "algorithm.minibatches=1"),
-        ("critic.updates_per_step=2", "critic.warmup_steps=1", "algorithm.minibatches=2",
-         "learner.micro_batch_size=3"),
+        (
+            "critic.updates_per_step=2",
+            "critic.warmup_steps=1",
+            "algorithm.minibatches=2",
+            "learner.micro_batch_size=3",
+        ),
         ("critic.warmup_steps=0", "learner.micro_batch_tokens=40", "algorithm.minibatches=2"),
     ],
     ids=["k2-warmup-mb1", "k2-warmup-mb2-micro", "packed-mb2"],
-)  # fmt: skip
+)
 def test_concurrent_step_equals_sequential(tiny_policy, overrides):
     policy, _ = tiny_policy
     seq, m_seq = _run(policy, False, "learner.batch_size=8", *overrides)

@@ -40,13 +40,22 @@ def _run(policy, fused: bool, *overrides: str, steps: int = 3):
     "overrides",
     [
         ("critic.updates_per_step=2", "critic.warmup_steps=1", "learner.micro_batch_size=8"),
-        ("critic.updates_per_step=1", "critic.warmup_steps=0", "learner.micro_batch_size=3",
-         "critic.value_clip=0.2"),
-        ("critic.updates_per_step=3", "critic.warmup_steps=0", "learner.micro_batch_tokens=40",
-         "algorithm.skip_observations=false", "critic.concurrent=true"),
+        (
+            "critic.updates_per_step=1",
+            "critic.warmup_steps=0",
+            "learner.micro_batch_size=3",
+            "critic.value_clip=0.2",
+        ),
+        (
+            "critic.updates_per_step=3",
+            "critic.warmup_steps=0",
+            "learner.micro_batch_tokens=40",
+            "algorithm.skip_observations=false",
+            "critic.concurrent=true",
+        ),
     ],
     ids=["k2-warmup", "k1-micro-clip", "k3-packed-concurrent"],
-)  # fmt: skip
+)
 def test_fused_step_equals_a_separate_values_forward(tiny_policy, overrides):
     policy, _ = tiny_policy
     plain, m_plain = _run(policy, False, *overrides)

@@ -15,8 +15,15 @@ from tests.conftest import tiny_config
 from tests.faults._common import TIMING_PREFIXES, metric_rows
 from tests.integration.test_resume import TINY
 
-RUN = [*TINY, "run.deterministic=true", "learner.push_every=2", "run.total_steps=6",
-       "run.eval_every=3", "run.trackers=[]", "run.log_samples_every=0"]  # fmt: skip
+RUN = [
+    *TINY,
+    "run.deterministic=true",
+    "learner.push_every=2",
+    "run.total_steps=6",
+    "run.eval_every=3",
+    "run.trackers=[]",
+    "run.log_samples_every=0",
+]
 
 
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:

@@ -27,9 +27,15 @@ from tests.conftest import tiny_config
 
 # Sync: the learner's weights at a checkpoint are exactly those of its step. A random policy
 # earns no reward, so an entropy bonus is what moves it (and tells the steps' copies apart).
-RUN = ("run.total_steps=3", "run.checkpoint_every=1", "run.eval_every=0",
-       "run.concurrency=sync", "run.trackers=[]", "algorithm.entropy_coef=0.01",
-       "learner.lr_warmup_steps=0")  # fmt: skip
+RUN = (
+    "run.total_steps=3",
+    "run.checkpoint_every=1",
+    "run.eval_every=0",
+    "run.concurrency=sync",
+    "run.trackers=[]",
+    "algorithm.entropy_coef=0.01",
+    "learner.lr_warmup_steps=0",
+)
 
 
 def _train(out: Path, *overrides: str) -> Path:
@@ -55,8 +61,12 @@ def test_each_checkpoint_has_its_policy_in_hf_format(run_dir: Path):
     for s in steps:
         hf = hf_checkpoint_path(run_dir, s)
         files = {p.name for p in hf.iterdir()}
-        assert {"config.json", "model.safetensors", "tokenizer.json",
-                "tokenizer_config.json"} <= files, files  # fmt: skip
+        assert {
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        } <= files, files
     # final/ is written by the same function: the last checkpoint's weights, the same files.
     final = run_dir / "final"
     assert {p.name for p in final.iterdir()} == {p.name for p in hf.iterdir()}
@@ -117,8 +127,12 @@ def test_resume_deletes_what_a_killed_write_left(run_dir: Path, tmp_path: Path):
     (d / ".step_00000009.pt.tmp.123").write_bytes(b"torn")
     (d / "step_00000009.sha256").write_text("")  # digests written, killed before the rename
     (run / ".final.tmp.123").mkdir()  # killed while exporting final/
-    keep = set(_names(run)) - {"step_00000009.hf", ".step_00000009.hf.tmp.123",
-                               ".step_00000009.pt.tmp.123", "step_00000009.sha256"}  # fmt: skip
+    keep = set(_names(run)) - {
+        "step_00000009.hf",
+        ".step_00000009.hf.tmp.123",
+        ".step_00000009.pt.tmp.123",
+        "step_00000009.sha256",
+    }
     path, state = load_latest_checkpoint(run, quarantine=True)
     assert path.name == "step_00000003.pt" and state["step"] == 3
     assert set(_names(run)) == keep

@@ -187,8 +187,15 @@ def test_min_new_tokens_suppresses_eos(tiny_policy, kv_cache):
     assert max(forced.logprobs) < -20
 
 
-_SYNCS = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
-                    torch.Tensor.cpu, torch.Tensor.numpy})  # fmt: skip
+_SYNCS = frozenset(
+    {
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.__bool__,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+    }
+)
 
 
 class _HostSyncs(TorchFunctionMode):

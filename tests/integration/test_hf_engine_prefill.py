@@ -42,8 +42,16 @@ def _new_state(model) -> dict[str, torch.Tensor]:
 def _run(model, tok, new_state, *, kv_cache: bool = True, **kw) -> tuple[HFEngine, list, list]:
     """Generate with a push after `PUSH_AT` steps; returns the engine, the completions and the
     row counts of the prefill forwards of the step that followed the push."""
-    engine = HFEngine(model, tok, max_seq_len=400, temperature=0.9, max_concurrent=4, seed=7,
-                      kv_cache=kv_cache, **kw)  # fmt: skip
+    engine = HFEngine(
+        model,
+        tok,
+        max_seq_len=400,
+        temperature=0.9,
+        max_concurrent=4,
+        seed=7,
+        kv_cache=kv_cache,
+        **kw,
+    )
     engine.eos_id = -1  # every row runs its whole budget, so every row spans the push
     forwards: list[int] = []
     prefill = engine._prefill
@@ -105,17 +113,26 @@ def test_grouped_prefill_matches_the_reencode_reference(tiny_policy):
     _, kv, after_push = _run(model, tok, new_state)
     assert len(after_push) >= 2
     for a, b in zip(ref, kv, strict=True):
-        assert (a.token_ids, a.versions, a.finish_reason) == (b.token_ids, b.versions,
-                                                              b.finish_reason)  # fmt: skip
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs),
-                                   atol=1e-5, rtol=0)  # fmt: skip
+        assert (a.token_ids, a.versions, a.finish_reason) == (
+            b.token_ids,
+            b.versions,
+            b.finish_reason,
+        )
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0
+        )
 
 
 @pytest.fixture(scope="module")
 def moe():
     torch.manual_seed(0)
-    cfg = tiny_config("model.arch=qwen3_moe", "model.hidden_size=64", "model.num_experts=8",
-                      "model.intermediate_size=32", "model.num_experts_per_tok=2")  # fmt: skip
+    cfg = tiny_config(
+        "model.arch=qwen3_moe",
+        "model.hidden_size=64",
+        "model.num_experts=8",
+        "model.intermediate_size=32",
+        "model.num_experts_per_tok=2",
+    )
     return load_policy(cfg.model)
 
 

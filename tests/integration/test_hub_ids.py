@@ -46,14 +46,20 @@ def hub_cache(tmp_path_factory) -> Path:
 
 def _train(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "saorl", "train", *TINY, "run.trackers=[]", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **env})  # fmt: skip
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
 
 
 def test_train_loads_a_cached_hub_id_offline(hub_cache: Path, tmp_path: Path):
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache)}
-    proc = _train(env, f"model.name_or_path={REPO}", f"run.output_dir={tmp_path}",
-                  "run.name=hub", "run.total_steps=2")  # fmt: skip
+    proc = _train(
+        env,
+        f"model.name_or_path={REPO}",
+        f"run.output_dir={tmp_path}",
+        "run.name=hub",
+        "run.total_steps=2",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     run = tmp_path / "hub"
     # The run started from the cached weights, not from a random init.
@@ -83,8 +89,11 @@ def test_missing_hub_id_online_without_a_reachable_hub_exits_2(hub_cache: Path, 
     with socket.socket() as s:  # a port nothing listens on: the connection is refused at once
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {"HF_HUB_OFFLINE": "0", "HF_HUB_CACHE": str(hub_cache),
-           "HF_ENDPOINT": f"http://127.0.0.1:{port}"}  # fmt: skip
+    env = {
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_CACHE": str(hub_cache),
+        "HF_ENDPOINT": f"http://127.0.0.1:{port}",
+    }
     proc = _train(env, "model.name_or_path=Qwen/Qwen3-1.7B", f"run.output_dir={tmp_path}")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

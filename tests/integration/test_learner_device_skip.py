@@ -78,9 +78,12 @@ def test_skipped_updates_and_counters_match_host_decided_steps(tiny_policy, warm
     first mini-batch's flag is read at once (the second's lr depends on it)."""
     policy, _ = tiny_policy
     overrides = (
-        "critic.warmup_steps=0", "algorithm.minibatches=2", "learner.batch_size=8",
-        f"learner.lr_warmup_steps={warmup}", "learner.max_nonfinite_in_a_row=5",
-    )  # fmt: skip
+        "critic.warmup_steps=0",
+        "algorithm.minibatches=2",
+        "learner.batch_size=8",
+        f"learner.lr_warmup_steps={warmup}",
+        "learner.max_nonfinite_in_a_row=5",
+    )
     fused = Learner(tiny_config(*overrides), copy.deepcopy(policy), torch.device("cpu"))
     assert fused.policy_opt.param_groups[0]["fused"] and fused.critic_opt.param_groups[0]["fused"]
     plain = _plain(Learner(tiny_config(*overrides), copy.deepcopy(policy), torch.device("cpu")))
@@ -114,8 +117,9 @@ def test_skipped_updates_and_counters_match_host_decided_steps(tiny_policy, warm
 
 def test_a_skipped_policy_step_leaves_weights_and_optimizer_state(tiny_policy):
     policy, _ = tiny_policy
-    learner = Learner(tiny_config("critic.warmup_steps=0"), copy.deepcopy(policy),
-                      torch.device("cpu"))  # fmt: skip
+    learner = Learner(
+        tiny_config("critic.warmup_steps=0"), copy.deepcopy(policy), torch.device("cpu")
+    )
     learner.step(_batch(policy))  # a good step: optimizer state exists
     weights = {k: v.clone() for k, v in learner.policy.state_dict().items()}
     state, lr = _opt_state(learner.policy_opt), learner.policy_opt.param_groups[0]["lr"]
@@ -170,9 +174,17 @@ def test_a_checkpoint_of_unfused_optimizers_loads_into_fused_ones(tiny_policy):
     assert (new.version, new.skipped_steps) == (2, 3)
 
 
-_READS = frozenset({torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__bool__,
-                    torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.cpu,
-                    torch.Tensor.numpy})  # fmt: skip
+_READS = frozenset(
+    {
+        torch.Tensor.item,
+        torch.Tensor.tolist,
+        torch.Tensor.__bool__,
+        torch.Tensor.__float__,
+        torch.Tensor.__int__,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+    }
+)
 _OWN = (
     "learner.py",
     "policy_step.py",
@@ -204,19 +216,27 @@ class _LearnerReads(TorchFunctionMode):
     [
         # The row lengths (read from the batch while it is on the CPU), then the metrics.
         ((), [("tolist", "learner.py"), ("tolist", "sharding.py")]),
-        (("algorithm.minibatches=2", "learner.lr_warmup_steps=0"),
-         [("tolist", "learner.py"), ("tolist", "sharding.py")]),
+        (
+            ("algorithm.minibatches=2", "learner.lr_warmup_steps=0"),
+            [("tolist", "learner.py"), ("tolist", "sharding.py")],
+        ),
         # running_mean's scores are read on the CPU too.
-        (("algorithm.name=running_mean",),
-         [("tolist", "learner.py"), ("tolist", "learner.py"), ("tolist", "sharding.py")]),
+        (
+            ("algorithm.name=running_mean",),
+            [("tolist", "learner.py"), ("tolist", "learner.py"), ("tolist", "sharding.py")],
+        ),
         # GRPO's groups are found on the CPU batch (a read of a CPU tensor, not of the device).
-        (("algorithm.name=grpo", "learner.lr_warmup_steps=0"),
-         [("tolist", "learner.py"), ("__int__", "advantages.py"), ("tolist", "sharding.py")]),
+        (
+            ("algorithm.name=grpo", "learner.lr_warmup_steps=0"),
+            [("tolist", "learner.py"), ("__int__", "advantages.py"), ("tolist", "sharding.py")],
+        ),
         # During the lr warm-up the first mini-batch's flag is read at once.
-        (("algorithm.minibatches=2", "learner.lr_warmup_steps=5"),
-         [("tolist", "learner.py"), ("__bool__", "policy_step.py"), ("tolist", "sharding.py")]),
+        (
+            ("algorithm.minibatches=2", "learner.lr_warmup_steps=5"),
+            [("tolist", "learner.py"), ("__bool__", "policy_step.py"), ("tolist", "sharding.py")],
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_step_reads_the_device_once_for_its_metrics(tiny_policy, overrides, expected):
     policy, _ = tiny_policy
     cfg = tiny_config("critic.warmup_steps=0", "learner.batch_size=8", *overrides)
@@ -255,8 +275,9 @@ def test_the_forwards_read_nothing_in_the_mask_code(tiny_policy, attn, layout):
     a row longer than the budget alone): the policy and critic forwards and backwards of a
     step read nothing back in transformers' mask code; packing reads the mask (`nonzero`)."""
     policy, _ = tiny_policy
-    cfg = tiny_config("critic.warmup_steps=0", "learner.batch_size=8",
-                      f"model.attn_implementation={attn}", layout)  # fmt: skip
+    cfg = tiny_config(
+        "critic.warmup_steps=0", "learner.batch_size=8", f"model.attn_implementation={attn}", layout
+    )
     learner = Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
     batch = _batch(policy, seed=1)
     lengths = batch.attention_mask.sum(-1)

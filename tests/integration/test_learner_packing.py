@@ -30,10 +30,18 @@ def test_packed_logprobs_entropy_values_equal_padded(tiny_policy, attn):
     policy.set_attn_implementation(attn)
     b = _batch(policy, n=6, seed=3)
     assert (b.attention_mask == 0).any()  # there is padding to remove
-    lp_pad, ent_pad = sequence_logprobs(policy, b.input_ids, b.attention_mask, temperature=0.7,
-                                        chunk_size=5, return_entropy=True)  # fmt: skip
-    lp_pk, ent_pk = sequence_logprobs(policy, b.input_ids, b.attention_mask, temperature=0.7,
-                                      chunk_size=5, return_entropy=True, packed=True)  # fmt: skip
+    lp_pad, ent_pad = sequence_logprobs(
+        policy, b.input_ids, b.attention_mask, temperature=0.7, chunk_size=5, return_entropy=True
+    )
+    lp_pk, ent_pk = sequence_logprobs(
+        policy,
+        b.input_ids,
+        b.attention_mask,
+        temperature=0.7,
+        chunk_size=5,
+        return_entropy=True,
+        packed=True,
+    )
     real = b.attention_mask.bool()
     torch.testing.assert_close(lp_pk[real], lp_pad[real], **TOL)
     torch.testing.assert_close(ent_pk[real], ent_pad[real], **TOL)
@@ -109,8 +117,9 @@ def test_host_lengths_change_nothing(tiny_policy, attn):
         lengths = mask.sum(-1).tolist()
         for packed in (False, True):
             ref = sequence_logprobs(policy, ids, mask, return_entropy=True, packed=packed)
-            out = sequence_logprobs(policy, ids, mask, return_entropy=True, packed=packed,
-                                    lengths=lengths)  # fmt: skip
+            out = sequence_logprobs(
+                policy, ids, mask, return_entropy=True, packed=packed, lengths=lengths
+            )
             for x, y in zip(out, ref, strict=True):
                 torch.testing.assert_close(x, y, **TOL)
             v = critic(ids, mask, packed=packed, lengths=lengths)
@@ -139,8 +148,14 @@ def test_packed_learner_step_equals_padded(tiny_policy):
         pk = Learner(cfg_pk, copy.deepcopy(policy), torch.device("cpu"))
         for _ in range(2):  # the second Adam step depends on gradient magnitudes, not signs
             m_pad, m_pk = pad.step(batch), pk.step(batch)
-            for k in ("loss/policy", "loss/value", "policy/entropy", "critic/grad_norm",
-                      "policy/grad_norm", "value/explained_variance"):  # fmt: skip
+            for k in (
+                "loss/policy",
+                "loss/value",
+                "policy/entropy",
+                "critic/grad_norm",
+                "policy/grad_norm",
+                "value/explained_variance",
+            ):
                 assert abs(m_pad[k] - m_pk[k]) < 1e-5, (agg, k, m_pad[k], m_pk[k])
         assert pad.version == pk.version == 2
         for a, b in zip(pad.policy.parameters(), pk.policy.parameters(), strict=True):
@@ -159,8 +174,15 @@ def test_fused_logprobs_equal_the_autograd_path(tiny_policy, entropy_grad):
     outs, grads = [], []
     for impl in ("checkpoint", "fused"):
         model = copy.deepcopy(policy)
-        lp, ent = sequence_logprobs(model, b.input_ids, b.attention_mask, temperature=0.7,
-                                    chunk_size=4, return_entropy=True, impl=impl)  # fmt: skip
+        lp, ent = sequence_logprobs(
+            model,
+            b.input_ids,
+            b.attention_mask,
+            temperature=0.7,
+            chunk_size=4,
+            return_entropy=True,
+            impl=impl,
+        )
         loss = (lp * w_lp * b.attention_mask).sum()
         if entropy_grad:
             loss = loss + (ent * w_ent * b.attention_mask).sum()

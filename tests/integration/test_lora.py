@@ -44,11 +44,12 @@ def test_merge_lora_by_hand():
     # W = [[1, 0], [0, 1]], B A = [[1], [2]] [[3, 4]] = [[3, 4], [6, 8]]; scale 0.5:
     # W + 0.5 B A = [[2.5, 2], [3, 5]]. The bias moves to its plain name; other keys stay.
     state = {
-        "l.q.base_layer.weight": torch.eye(2), "l.q.base_layer.bias": torch.tensor([7.0, 8.0]),
+        "l.q.base_layer.weight": torch.eye(2),
+        "l.q.base_layer.bias": torch.tensor([7.0, 8.0]),
         "l.q.lora_A.default.weight": torch.tensor([[3.0, 4.0]]),
         "l.q.lora_B.default.weight": torch.tensor([[1.0], [2.0]]),
         "l.norm.weight": torch.ones(2),
-    }  # fmt: skip
+    }
     merged = merge_lora(state, 0.5)
     assert merged.keys() == {"l.q.weight", "l.q.bias", "l.norm.weight"}
     assert torch.equal(merged["l.q.weight"], torch.tensor([[2.5, 2.0], [3.0, 5.0]]))
@@ -96,8 +97,9 @@ def test_pushed_weights_are_merged_and_the_engine_reproduces_the_learner():
     engine = HFEngine(learner.policy, tok, max_seq_len=32, seed=1)  # a merged copy
     assert not any("lora" in k for k in engine.model.state_dict())
     engine.update_weights(state, version=3)  # the push: the engine's keys, merged values
-    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{i}+{i}="), max_new_tokens=6)
-            for i in range(6)]  # fmt: skip
+    reqs = [
+        GenerationRequest(prompt_ids=tok.encode(f"{i}+{i}="), max_new_tokens=6) for i in range(6)
+    ]
     for c in engine.generate(reqs):
         ids = torch.tensor([c.request.prompt_ids + c.token_ids])
         with torch.no_grad():
@@ -149,8 +151,9 @@ def test_warm_up_trains_the_base_then_rl_trains_the_adapters(tmp_path: Path):
             assert torch.equal(critic["backbone." + k[len("model.") :]], v), k
     assert learner.critic_params and all(
         ".lora_" in n or "value_head" in n
-        for n, p in learner.critic.named_parameters() if p.requires_grad
-    )  # fmt: skip
+        for n, p in learner.critic.named_parameters()
+        if p.requires_grad
+    )
     batch = _batch(learner.policy)
     learner.step(batch)
     learner.step(batch)
@@ -173,10 +176,22 @@ def test_missing_peft_stops_with_an_install_hint(tmp_path: Path):
     (shadow / "__init__.py").write_text("raise ImportError('peft is not installed here')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "shadow")}
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", *LORA, "learner.sft_steps=0",
-         "run.total_steps=1", f"run.output_dir={tmp_path}", "run.progress=false"],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            *LORA,
+            "learner.sft_steps=0",
+            "run.total_steps=1",
+            f"run.output_dir={tmp_path}",
+            "run.progress=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 2, out.stderr
     assert "model.lora_rank=4 needs the peft package" in out.stderr
     assert "pip install 'saorl[lora]'" in out.stderr
@@ -206,10 +221,20 @@ def test_lora_run_resumes_exactly_and_exports_merged_and_adapter(tmp_path: Path)
     for model in ("checkpoints/step_00000004.pt", "final"):
         out = tmp_path / f"eval{len(summaries)}.jsonl"
         proc = subprocess.run(
-            [sys.executable, "-m", "saorl", "eval", str(tmp_path / "split" / model),
-             "env.eval_size=8", "--out", str(out)],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "saorl",
+                "eval",
+                str(tmp_path / "split" / model),
+                "env.eval_size=8",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr
         summaries.append(out.read_text())
     assert summaries[0] == summaries[1]

@@ -39,23 +39,35 @@ def local_ray():
     # Functions of this module (not importable by Ray workers) travel by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     assert not ray.is_initialized(), "another test left a Ray session running"
-    ray.init(num_cpus=2, include_dashboard=False,
-             runtime_env={"worker_process_setup_hook": _varied_reward})  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"worker_process_setup_hook": _varied_reward},
+    )
     yield
     ray.shutdown()
 
 
 def _ray_config(tmp_path, *overrides):
     # Learner (1 CPU) and rollout actors (0.5 CPU each) fit the 2 CPUs of the local Ray.
-    return tiny_config(f"run.output_dir={tmp_path}", "ray.enabled=true",
-                       "ray.rollout_num_cpus=0.5", *overrides)  # fmt: skip
+    return tiny_config(
+        f"run.output_dir={tmp_path}", "ray.enabled=true", "ray.rollout_num_cpus=0.5", *overrides
+    )
 
 
 def test_async_training_with_ray_actors(tmp_path, local_ray):
     # Two learner ranks (FSDP2 over gloo) and two rollout actors: 4 actors, 0.5 CPU each.
-    cfg = _ray_config(tmp_path, "rollout.num_workers=2", "run.total_steps=3", "run.eval_every=0",
-                      "learner.max_staleness=1", "ray.learner_ranks=2", "learner.fsdp=true",
-                      "ray.learner_num_cpus=0.5", STOP_ON_MOST_CHARS)  # fmt: skip
+    cfg = _ray_config(
+        tmp_path,
+        "rollout.num_workers=2",
+        "run.total_steps=3",
+        "run.eval_every=0",
+        "learner.max_staleness=1",
+        "ray.learner_ranks=2",
+        "learner.fsdp=true",
+        "ray.learner_num_cpus=0.5",
+        STOP_ON_MOST_CHARS,
+    )
     summary = train_from_config(cfg)
     assert summary["steps"] == 3 and summary["policy_version"] == 2  # 1 critic warm-up step
     run_dir = tmp_path / "default"
@@ -66,8 +78,9 @@ def test_async_training_with_ray_actors(tmp_path, local_ray):
         assert r["async/staleness_max"] <= 1
         assert r["perf/rollout_tokens_per_s"] > 0
     # The learner ranks wrote sharded checkpoints: the policy moved, frozen attention did not.
-    first, last = (_read_sharded(p, cfg) for p in
-                   sorted((run_dir / "checkpoints").glob("step_*.pt")))  # fmt: skip
+    first, last = (
+        _read_sharded(p, cfg) for p in sorted((run_dir / "checkpoints").glob("step_*.pt"))
+    )
     assert (first["step"], last["step"]) == (0, 3)
     # FSDP2 optimizer state is keyed by parameter name, not by index.
     assert all(isinstance(k, str) for k in last["param_groups"]["policy"][0]["params"])
@@ -94,7 +107,7 @@ def test_critic_actor_steps_like_the_in_process_learner(tmp_path, local_ray):
         "critic.warmup_steps=1",
         "learner.batch_size=8",
     )
-    cfg = _ray_config(tmp_path, *over)  # fmt: skip
+    cfg = _ray_config(tmp_path, *over)
     remote = RayLearner(cfg)
     try:
         torch.manual_seed(cfg.run.seed)  # as the actors do: the same initial weights
@@ -143,8 +156,9 @@ def placed(tmp_path_factory, local_ray):
     from saorl.distributed.ray_learner import RayLearner
     from saorl.distributed.ray_pool import RayWorkerPool
 
-    cfg = _ray_config(tmp_path_factory.mktemp("placed"), "ray.weight_sync=object_store",
-                      "run.concurrency=sync")  # fmt: skip
+    cfg = _ray_config(
+        tmp_path_factory.mktemp("placed"), "ray.weight_sync=object_store", "run.concurrency=sync"
+    )
     learner = RayLearner(cfg)
     pool = RayWorkerPool(cfg, learner.tokenizer, learner)
     spec = build_env(cfg.env)
@@ -236,8 +250,9 @@ def _gather_state(learner):
 def test_a_dead_learner_rank_is_reported(tmp_path, local_ray):
     from saorl.distributed.ray_learner import ActorFailure, RayLearner
 
-    cfg = _ray_config(tmp_path, "ray.learner_ranks=2", "learner.fsdp=true",
-                      "ray.learner_num_cpus=0.5")  # fmt: skip
+    cfg = _ray_config(
+        tmp_path, "ray.learner_ranks=2", "learner.fsdp=true", "ray.learner_num_cpus=0.5"
+    )
     learner = RayLearner(cfg)
     try:
         assert learner.call(_gather_state) > 0  # both ranks answer

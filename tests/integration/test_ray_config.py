@@ -31,9 +31,13 @@ def test_cluster_example_loads_with_the_paper_settings():
 
 @pytest.mark.parametrize(
     ("flags", "enabled", "address"),
-    [([], False, ""), (["--ray"], True, ""), (["--ray-address", "auto"], True, "auto"),
-     (["--ray-address", "10.0.0.1:6379"], True, "10.0.0.1:6379")],
-)  # fmt: skip
+    [
+        ([], False, ""),
+        (["--ray"], True, ""),
+        (["--ray-address", "auto"], True, "auto"),
+        (["--ray-address", "10.0.0.1:6379"], True, "10.0.0.1:6379"),
+    ],
+)
 def test_ray_flags_become_the_ray_section(capsys, flags, enabled, address):
     assert main(["train", *flags, "--print-config"]) == 0
     ray = tomllib.loads(capsys.readouterr().out)["ray"]

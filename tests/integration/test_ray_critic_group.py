@@ -34,9 +34,14 @@ pytestmark = pytest.mark.slow
 # the run (first) is over before the learners of the later tests are placed.
 # Micro-batches of 3 rows over 7-row batches: critic rank 0 runs two passes, rank 1 one and a
 # zero-weight filler pass.
-RANKS = ("ray.learner_ranks=2", "learner.fsdp=true", "ray.learner_num_cpus=0.25",
-         "ray.rollout_num_cpus=0.5", "learner.micro_batch_size=3",
-         "ray.start_timeout_s=120")  # fmt: skip
+RANKS = (
+    "ray.learner_ranks=2",
+    "learner.fsdp=true",
+    "ray.learner_num_cpus=0.25",
+    "ray.rollout_num_cpus=0.5",
+    "learner.micro_batch_size=3",
+    "ray.start_timeout_s=120",
+)
 GROUP = ("ray.critic_actor=true", "ray.critic_num_cpus=0.25")
 
 
@@ -51,8 +56,11 @@ def _varied_reward():
 def local_ray():
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     assert not ray.is_initialized(), "another test left a Ray session running"
-    ray.init(num_cpus=2, include_dashboard=False,
-             runtime_env={"worker_process_setup_hook": _varied_reward})  # fmt: skip
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={"worker_process_setup_hook": _varied_reward},
+    )
     yield
     ray.shutdown()
 
@@ -61,10 +69,18 @@ def test_a_run_with_a_critic_group_resumes_from_its_checkpoint(tmp_path, local_r
     from saorl.models.critic import Critic
 
     def config(steps):
-        return tiny_config(f"run.output_dir={tmp_path}", "ray.enabled=true", *RANKS, *GROUP,
-                           "run.eval_every=0", "env.eval_size=2", "run.checkpoint_every=1",
-                           "learner.sft_steps=1", f"run.total_steps={steps}",
-                           STOP_ON_MOST_CHARS)  # fmt: skip
+        return tiny_config(
+            f"run.output_dir={tmp_path}",
+            "ray.enabled=true",
+            *RANKS,
+            *GROUP,
+            "run.eval_every=0",
+            "env.eval_size=2",
+            "run.checkpoint_every=1",
+            "learner.sft_steps=1",
+            f"run.total_steps={steps}",
+            STOP_ON_MOST_CHARS,
+        )
 
     assert train_from_config(config(2))["steps"] == 2  # with the warm-up's critic reset
     run_dir = tmp_path / "default"
@@ -92,8 +108,9 @@ def reference(tmp_path_factory, local_ray):
     """Metrics and gathered state of 3 steps with the critic in the two learner ranks."""
     from saorl.distributed.ray_learner import RayLearner
 
-    cfg = tiny_config(f"run.output_dir={tmp_path_factory.mktemp('ref')}", "ray.enabled=true",
-                      *RANKS)  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path_factory.mktemp('ref')}", "ray.enabled=true", *RANKS
+    )
     learner = RayLearner(cfg)
     try:
         metrics = [learner.step(b) for b in _batches(cfg)]
@@ -109,8 +126,13 @@ def group(tmp_path_factory, local_ray):
     1 (the run below places them with 'any')."""
     from saorl.distributed.ray_learner import RayLearner
 
-    cfg = tiny_config(f"run.output_dir={tmp_path_factory.mktemp('group')}", "ray.enabled=true",
-                      *RANKS, *GROUP, "ray.critic_placement=beside")  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path_factory.mktemp('group')}",
+        "ray.enabled=true",
+        *RANKS,
+        *GROUP,
+        "ray.critic_placement=beside",
+    )
     learner = RayLearner(cfg)
     try:
         assert len(learner.critic_actors) == 2
@@ -207,8 +229,13 @@ def test_init_from_and_the_reset_reach_every_critic_rank(group, reference, tmp_p
 def test_a_critic_group_refuses_an_offloaded_critic_optimizer(tmp_path, local_ray):
     from saorl.distributed.ray_learner import RayLearner
 
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "ray.enabled=true", *RANKS, *GROUP,
-                      "critic.optimizer_offload=true")  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "ray.enabled=true",
+        *RANKS,
+        *GROUP,
+        "critic.optimizer_offload=true",
+    )
     with pytest.raises(ConfigError, match=r"critic\.optimizer_offload is for an unsharded critic"):
         RayLearner(cfg)
 

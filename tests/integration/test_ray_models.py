@@ -26,8 +26,13 @@ pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 # Stop strings give completions of varied length, which the module's reward (len % 2) needs.
-COMMON = ("run.eval_every=0", "run.checkpoint_every=2", "learner.max_staleness=1",
-          "critic.warmup_steps=1", STOP_ON_MOST_CHARS)  # fmt: skip
+COMMON = (
+    "run.eval_every=0",
+    "run.checkpoint_every=2",
+    "learner.max_staleness=1",
+    "critic.warmup_steps=1",
+    STOP_ON_MOST_CHARS,
+)
 
 
 def _train_and_resume(tmp_path: Path, name: str, *overrides: str) -> Path:
@@ -72,8 +77,13 @@ def test_lora_under_ray_trains_checkpoints_and_resumes(tmp_path, local_ray):  # 
 
 
 def test_routing_replay_under_ray_trains_checkpoints_and_resumes(tmp_path, local_ray):  # noqa: F811
-    moe = ("model.arch=qwen3_moe", "model.hidden_size=32", "model.intermediate_size=16",
-           "model.num_experts=4", "algorithm.routing_replay=true")  # fmt: skip
+    moe = (
+        "model.arch=qwen3_moe",
+        "model.hidden_size=32",
+        "model.intermediate_size=16",
+        "model.num_experts=4",
+        "algorithm.routing_replay=true",
+    )
     run = _train_and_resume(tmp_path, "moe", *moe)
     rows = [r for r in metric_rows(run) if "routing/changed_frac" in r]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -81,8 +91,11 @@ def test_routing_replay_under_ray_trains_checkpoints_and_resumes(tmp_path, local
     # The routing recorded in the rollout actor reached the learner actor and was replayed.
     assert policy_rows and all(r["routing/changed_frac"] is not None for r in policy_rows)
     assert all(r["routing/changed_frac"] < 0.05 for r in policy_rows)
-    assert all(r["mismatch/max_abs_logprob_diff"] < 1e-3 for r in policy_rows
-               if r["mismatch/max_abs_logprob_diff"] is not None)  # fmt: skip
+    assert all(
+        r["mismatch/max_abs_logprob_diff"] < 1e-3
+        for r in policy_rows
+        if r["mismatch/max_abs_logprob_diff"] is not None
+    )
 
 
 def _move(learner, base: bool) -> None:

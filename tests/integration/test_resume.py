@@ -40,8 +40,14 @@ def _saorl(*args: str) -> list[str]:
 
 def test_kill_after_checkpoint_then_resume(tmp_path: Path):
     run_dir = tmp_path / "r"
-    cmd = _saorl("train", *TINY, f"run.output_dir={tmp_path}", "run.name=r",
-                 "run.total_steps=100000", "run.checkpoint_every=2")  # fmt: skip
+    cmd = _saorl(
+        "train",
+        *TINY,
+        f"run.output_dir={tmp_path}",
+        "run.name=r",
+        "run.total_steps=100000",
+        "run.checkpoint_every=2",
+    )
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
@@ -65,8 +71,10 @@ def test_kill_after_checkpoint_then_resume(tmp_path: Path):
 
     out = subprocess.run(
         _saorl("train", "--resume", str(run_dir), f"run.total_steps={killed_at + 3}"),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     after_resume = [r["step"] for r in rows if "loss/value" in r and r["step"] > killed_at]
@@ -102,11 +110,13 @@ def test_restored_weights_equal_saved(tmp_path: Path):
     fresh = Learner(cfg, load_policy(cfg.model)[0], torch.device("cpu"))
     fresh.load_state(load_latest_checkpoint(tmp_path)[1])
     assert (fresh.steps, fresh.version) == (7, 6)
-    for (n, a), b in zip(learner.policy.state_dict().items(), fresh.policy.state_dict().values(),
-                         strict=True):  # fmt: skip
+    for (n, a), b in zip(
+        learner.policy.state_dict().items(), fresh.policy.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), n
-    for (n, a), b in zip(learner.critic.state_dict().items(), fresh.critic.state_dict().values(),
-                         strict=True):  # fmt: skip
+    for (n, a), b in zip(
+        learner.critic.state_dict().items(), fresh.critic.state_dict().values(), strict=True
+    ):
         assert torch.equal(a, b), n
 
 

@@ -30,9 +30,17 @@ from saorl.types import Batch, Trajectory, fit_routing
 from tests.conftest import tiny_config
 from tests.faults._common import metric_rows
 
-MOE = ("model.arch=qwen3_moe", "model.hidden_size=64", "model.intermediate_size=32",
-       "model.num_experts=8", "model.num_experts_per_tok=2", "model.max_seq_len=48",
-       "critic.warmup_steps=0", "learner.batch_size=16", "learner.micro_batch_size=16")  # fmt: skip
+MOE = (
+    "model.arch=qwen3_moe",
+    "model.hidden_size=64",
+    "model.intermediate_size=32",
+    "model.num_experts=8",
+    "model.num_experts_per_tok=2",
+    "model.max_seq_len=48",
+    "critic.warmup_steps=0",
+    "learner.batch_size=16",
+    "learner.micro_batch_size=16",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,16 +57,32 @@ def batch(moe) -> Batch:
 
 
 def _generate(policy, tok, dtype=torch.float32, kv_cache=True, n=16) -> list[Trajectory]:
-    engine = HFEngine(copy.deepcopy(policy).to(dtype), tok, max_seq_len=48, seed=3,
-                      record_routing=True, kv_cache=kv_cache)  # fmt: skip
-    reqs = [GenerationRequest(prompt_ids=tok.encode(f"{i}+{2 * i}="), max_new_tokens=24)
-            for i in range(n)]  # fmt: skip
+    engine = HFEngine(
+        copy.deepcopy(policy).to(dtype),
+        tok,
+        max_seq_len=48,
+        seed=3,
+        record_routing=True,
+        kv_cache=kv_cache,
+    )
+    reqs = [
+        GenerationRequest(prompt_ids=tok.encode(f"{i}+{2 * i}="), max_new_tokens=24)
+        for i in range(n)
+    ]
     trajs = []
     for c in engine.generate(reqs):
         k, total = len(c.token_ids), len(c.request.prompt_ids) + len(c.token_ids)
-        trajs.append(Trajectory(c.request.prompt_ids, c.token_ids, [1] * k, c.logprobs,
-                                c.versions, reward=float(k % 2),
-                                routing=fit_routing(c.routing, total)))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                c.request.prompt_ids,
+                c.token_ids,
+                [1] * k,
+                c.logprobs,
+                c.versions,
+                reward=float(k % 2),
+                routing=fit_routing(c.routing, total),
+            )
+        )
     return trajs
 
 
@@ -143,9 +167,16 @@ def test_routing_replay_reduces_the_logprob_mismatch(moe, batch, packed):
     extra = ("learner.micro_batch_tokens=200",) if packed else ()
     off = _step(policy, batch, False, *extra, perturb=0.002)
     on = _step(policy, batch, True, *extra, perturb=0.002)
-    print("router perturbed: off", off["mismatch/k3"], off["mismatch/max_abs_logprob_diff"],
-          "on", on["mismatch/k3"], on["mismatch/max_abs_logprob_diff"],
-          "changed", on["routing/changed_frac"])  # fmt: skip
+    print(
+        "router perturbed: off",
+        off["mismatch/k3"],
+        off["mismatch/max_abs_logprob_diff"],
+        "on",
+        on["mismatch/k3"],
+        on["mismatch/max_abs_logprob_diff"],
+        "changed",
+        on["routing/changed_frac"],
+    )
     # The perturbation flips some experts (the replay overrode them) ...
     assert on["routing/changed_frac"] > 0.02
     # ... which off the replay costs far more than the perturbed weights alone.
@@ -158,9 +189,16 @@ def test_routing_replay_against_a_bfloat16_engine(moe):
     policy, tok = moe
     batch = Batch.from_trajectories(_generate(policy, tok, dtype=torch.bfloat16), tok.pad_token_id)
     off, on = _step(policy, batch, False), _step(policy, batch, True)
-    print("bf16 engine: off", off["mismatch/k3"], off["mismatch/max_abs_logprob_diff"],
-          "on", on["mismatch/k3"], on["mismatch/max_abs_logprob_diff"],
-          "changed", on["routing/changed_frac"])  # fmt: skip
+    print(
+        "bf16 engine: off",
+        off["mismatch/k3"],
+        off["mismatch/max_abs_logprob_diff"],
+        "on",
+        on["mismatch/k3"],
+        on["mismatch/max_abs_logprob_diff"],
+        "changed",
+        on["routing/changed_frac"],
+    )
     assert on["routing/changed_frac"] > 0  # bfloat16 routing flips some near-ties
     assert on["mismatch/k3"] < off["mismatch/k3"]
 
@@ -200,8 +238,7 @@ def test_replay_holds_through_the_recomputation_of_checkpointed_layers(moe, batc
     assert m_plain["routing/changed_frac"] > 0.02  # replay overrides the learner's routing
     assert m_ckpt["mismatch/k3"] == pytest.approx(m_plain["mismatch/k3"], rel=1e-4)
     # Gradients through the recomputed layers used the forced experts too.
-    for (name, a), b in zip(plain.policy.named_parameters(), ckpt.policy.parameters(),
-                            strict=True):  # fmt: skip
+    for (name, a), b in zip(plain.policy.named_parameters(), ckpt.policy.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5, msg=name)
 
 
@@ -222,10 +259,20 @@ def test_routing_replay_needs_a_supported_router(tiny_policy):
 def test_train_with_routing_replay_on_the_tool_task(tmp_path: Path):
     """The whole loop, multi-turn (observations re-routed at each turn's prefill), async,
     with a checkpoint and a resume: replay metrics are logged at every policy step."""
-    moe = ("model.arch=qwen3_moe", "model.hidden_size=32", "model.intermediate_size=16",
-           "model.num_experts=4", "algorithm.routing_replay=true", "env.name=tool_arithmetic",
-           "model.max_seq_len=48", "rollout.max_new_tokens=12", "run.eval_every=0",
-           "run.checkpoint_every=2", f"run.output_dir={tmp_path}", "run.name=moe")  # fmt: skip
+    moe = (
+        "model.arch=qwen3_moe",
+        "model.hidden_size=32",
+        "model.intermediate_size=16",
+        "model.num_experts=4",
+        "algorithm.routing_replay=true",
+        "env.name=tool_arithmetic",
+        "model.max_seq_len=48",
+        "rollout.max_new_tokens=12",
+        "run.eval_every=0",
+        "run.checkpoint_every=2",
+        f"run.output_dir={tmp_path}",
+        "run.name=moe",
+    )
     train_from_config(tiny_config(*moe, "run.total_steps=2"))
     train_from_config(tiny_config(*moe, "run.total_steps=4"), resume=str(tmp_path / "moe"))
     rows = [r for r in metric_rows(tmp_path / "moe") if "routing/changed_frac" in r]
@@ -234,5 +281,8 @@ def test_train_with_routing_replay_on_the_tool_task(tmp_path: Path):
     assert policy_rows and all(r["routing/changed_frac"] is not None for r in policy_rows)
     # The learner and the engine held the same weights: routing and log-probs agree.
     assert all(r["routing/changed_frac"] < 0.05 for r in policy_rows)
-    assert all(r["mismatch/max_abs_logprob_diff"] < 1e-3 for r in policy_rows
-               if r["mismatch/max_abs_logprob_diff"] is not None)  # fmt: skip
+    assert all(
+        r["mismatch/max_abs_logprob_diff"] < 1e-3
+        for r in policy_rows
+        if r["mismatch/max_abs_logprob_diff"] is not None
+    )

@@ -17,12 +17,24 @@ from saorl.envs.arithmetic import ArithmeticTask
 # A random-init model rarely emits EOS; stop strings covering most characters end turns early.
 STOP_ON_MOST_CHARS = "rollout.stop=" + str(list(string.ascii_letters + string.digits))
 TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.max_seq_len=32",
-    "learner.batch_size=8", "learner.micro_batch_size=4", "learner.sft_steps=0",
-    "rollout.max_concurrent=8", "rollout.max_new_tokens=6", "critic.warmup_steps=1",
-    "env.eval_size=16", "run.eval_every=0", "run.progress=false", "run.torch_threads=1",
-    "run.concurrency=sync", "run.trackers=[]", "run.log_samples_every=0", STOP_ON_MOST_CHARS,
-]  # fmt: skip
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.max_seq_len=32",
+    "learner.batch_size=8",
+    "learner.micro_batch_size=4",
+    "learner.sft_steps=0",
+    "rollout.max_concurrent=8",
+    "rollout.max_new_tokens=6",
+    "critic.warmup_steps=1",
+    "env.eval_size=16",
+    "run.eval_every=0",
+    "run.progress=false",
+    "run.torch_threads=1",
+    "run.concurrency=sync",
+    "run.trackers=[]",
+    "run.log_samples_every=0",
+    STOP_ON_MOST_CHARS,
+]
 # lr 0.1 without a ramp: the tiny policy turns deterministic within ~10 steps (its entropy
 # falls from ~4.6 nats to ~0), an entropy collapse; a 5-step window lets the detector see it
 # in a short run.
@@ -41,9 +53,18 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def test_stop_on_collapse_ends_the_run_cleanly_with_a_checkpoint(tmp_path, varied_reward, capsys):
-    code = main(["train", *TINY, *COLLAPSING, f"run.output_dir={tmp_path}", "run.name=c",
-                 "run.total_steps=60", "run.checkpoint_every=0",
-                 "run.stop_on_collapse=true"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *TINY,
+            *COLLAPSING,
+            f"run.output_dir={tmp_path}",
+            "run.name=c",
+            "run.total_steps=60",
+            "run.checkpoint_every=0",
+            "run.stop_on_collapse=true",
+        ]
+    )
     assert code == 0
     run_dir = tmp_path / "c"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -69,8 +90,17 @@ def test_stop_on_collapse_ends_the_run_cleanly_with_a_checkpoint(tmp_path, varie
 
 
 def test_without_stop_on_collapse_the_run_goes_on_and_reports_it(tmp_path, varied_reward):
-    code = main(["train", *TINY, *COLLAPSING, f"run.output_dir={tmp_path}", "run.name=g",
-                 "run.total_steps=25", "run.checkpoint_every=0"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *TINY,
+            *COLLAPSING,
+            f"run.output_dir={tmp_path}",
+            "run.name=g",
+            "run.total_steps=25",
+            "run.checkpoint_every=0",
+        ]
+    )
     assert code == 0
     summary = json.loads((tmp_path / "g" / "summary.json").read_text())
     assert summary["stopped_by"] == "total_steps" and summary["steps"] == 25
@@ -81,9 +111,17 @@ def test_without_stop_on_collapse_the_run_goes_on_and_reports_it(tmp_path, varie
 
 def test_a_nan_streak_writes_the_summary_before_exit_3(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(ArithmeticTask, "reward", staticmethod(lambda p, t: math.nan))
-    code = main(["train", *TINY, f"run.output_dir={tmp_path}", "run.name=nan",
-                 "run.total_steps=10", "run.checkpoint_every=1",
-                 "learner.max_nonfinite_in_a_row=2"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *TINY,
+            f"run.output_dir={tmp_path}",
+            "run.name=nan",
+            "run.total_steps=10",
+            "run.checkpoint_every=1",
+            "learner.max_nonfinite_in_a_row=2",
+        ]
+    )
     assert code == 3
     assert "2 learner steps in a row had a NaN/Inf gradient" in capsys.readouterr().err
     summary = json.loads((tmp_path / "nan" / "summary.json").read_text())

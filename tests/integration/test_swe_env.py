@@ -65,12 +65,24 @@ def _episode(task: SweTask, turns: list[str], fmt: str = "hermes", max_turns: in
     tok = build_char_tokenizer(with_newlines=True)
     engine = ScriptedEngine(tok, turns)
     out: queue.Queue = queue.Queue()
-    limits = AgentLimits(max_seq_len=16384, max_new_tokens=4096, max_turns=max_turns,
-                         max_tool_calls=8, stop=tuple(stop_strings(fmt, tag=CODE_TAG)))  # fmt: skip
+    limits = AgentLimits(
+        max_seq_len=16384,
+        max_new_tokens=4096,
+        max_turns=max_turns,
+        max_tool_calls=8,
+        stop=tuple(stop_strings(fmt, tag=CODE_TAG)),
+    )
     work = task.snapshot.parent.parent / "work"
-    worker = RolloutWorker(engine, PromptFeed(OneTask(task), random.Random(0), 1, 1), tok, out,
-                           lambda: SweEnv(fmt, max_turns=max_turns, max_tool_calls=8,
-                                          test_timeout_s=5.0, work_dir=work), limits)  # fmt: skip
+    worker = RolloutWorker(
+        engine,
+        PromptFeed(OneTask(task), random.Random(0), 1, 1),
+        tok,
+        out,
+        lambda: SweEnv(
+            fmt, max_turns=max_turns, max_tool_calls=8, test_timeout_s=5.0, work_dir=work
+        ),
+        limits,
+    )
     worker.fill()
     deadline = time.monotonic() + 120
     while out.empty() and time.monotonic() < deadline:
@@ -79,8 +91,9 @@ def _episode(task: SweTask, turns: list[str], fmt: str = "hermes", max_turns: in
     worker.stop_thread()
     traj = out.get_nowait()
     text = tok.decode(traj.completion_ids, skip_special_tokens=True)
-    model_text = tok.decode([t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True)
-                             if m])  # fmt: skip
+    model_text = tok.decode(
+        [t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True) if m]
+    )
     assert not list(work.glob("saorl-swe-ws-*")), "the episode's repository copy was not removed"
     return traj, text, model_text
 

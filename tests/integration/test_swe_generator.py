@@ -14,8 +14,15 @@ pytestmark = pytest.mark.slow
 
 
 def _fingerprint(task):
-    return (task.key, task.prompt, task.fail_to_pass, task.pass_to_pass, task.snapshot.name,
-            task.answer, task.edit)  # fmt: skip
+    return (
+        task.key,
+        task.prompt,
+        task.fail_to_pass,
+        task.pass_to_pass,
+        task.snapshot.name,
+        task.answer,
+        task.edit,
+    )
 
 
 def test_generated_tasks_validate_and_are_deterministic(tmp_path: Path):
@@ -25,8 +32,11 @@ def test_generated_tasks_validate_and_are_deterministic(tmp_path: Path):
     assert len(held) == 2 and len(train) == 3
     assert not {t.snapshot.name for t in held} & {t.snapshot.name for t in train}
     for task in held + train:
-        files = sorted(p.relative_to(task.base_dir()).as_posix()
-                       for p in task.base_dir().rglob("*") if p.is_file())  # fmt: skip
+        files = sorted(
+            p.relative_to(task.base_dir()).as_posix()
+            for p in task.base_dir().rglob("*")
+            if p.is_file()
+        )
         assert "README.md" in files and any(f.startswith("tests/test_") for f in files)
         assert task.fail_to_pass and task.prompt.count("Failing:") == 1
         assert task.answer.startswith("diff --git a/") and task.edit is not None

@@ -33,16 +33,30 @@ P2P = ("tests/test_ops.py::test_mul", "tests/test_ops.py::test_spin")
 
 @pytest.fixture
 def task(tmp_path: Path) -> SweTask:
-    files = {"calc/__init__.py": b"", "calc/ops.py": OPS.encode(),
-             "tests/test_ops.py": TESTS.encode()}  # fmt: skip
-    return SweTask(key="calc-1", prompt="add subtracts", fail_to_pass=F2P, pass_to_pass=P2P,
-                   snapshot=tmp_path / "snap", fill=functools.partial(write_files, files=files),
-                   protected=("tests/",))  # fmt: skip
+    files = {
+        "calc/__init__.py": b"",
+        "calc/ops.py": OPS.encode(),
+        "tests/test_ops.py": TESTS.encode(),
+    }
+    return SweTask(
+        key="calc-1",
+        prompt="add subtracts",
+        fail_to_pass=F2P,
+        pass_to_pass=P2P,
+        snapshot=tmp_path / "snap",
+        fill=functools.partial(write_files, files=files),
+        protected=("tests/",),
+    )
 
 
 def _grade(task: SweTask, changes: dict, **kw):
-    return grade(task, changes, test_timeout_s=kw.pop("test_timeout_s", 5.0),
-                 parent=task.snapshot.parent / "grading", **kw)  # fmt: skip
+    return grade(
+        task,
+        changes,
+        test_timeout_s=kw.pop("test_timeout_s", 5.0),
+        parent=task.snapshot.parent / "grading",
+        **kw,
+    )
 
 
 def test_gold_fix_resolves(task):

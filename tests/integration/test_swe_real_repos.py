@@ -35,9 +35,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     root = tmp_path_factory.mktemp("swe-real")
     s = build_all(root)
     s["cache"] = root / "cache"
-    s["cfg"] = EnvConfig(name="swe", swe_source="swebench", swe_pip_args=s["pip_args"],
-                         swe_cache_dir=str(s["cache"]), tool_format="hermes", eval_size=1,
-                         swe_test_timeout_s=10.0)  # fmt: skip
+    s["cfg"] = EnvConfig(
+        name="swe",
+        swe_source="swebench",
+        swe_pip_args=s["pip_args"],
+        swe_cache_dir=str(s["cache"]),
+        tool_format="hermes",
+        eval_size=1,
+        swe_test_timeout_s=10.0,
+    )
     return s
 
 
@@ -100,18 +106,27 @@ def test_mining_finds_the_fix_and_its_tests(setup: dict, mined: dict):
     assert row["base_commit"] == c["geom_init"]
     assert row["environment_setup_commit"] == c["geom_init"]  # last pyproject change
     assert row["FAIL_TO_PASS"] == ["tests/test_core.py::test_area"]
-    assert row["PASS_TO_PASS"] == ["tests/test_core.py::test_perimeter",
-                                   "tests/test_core.py::test_warnings_are_errors"]  # fmt: skip
+    assert row["PASS_TO_PASS"] == [
+        "tests/test_core.py::test_perimeter",
+        "tests/test_core.py::test_warnings_are_errors",
+    ]
     assert row["problem_statement"].startswith("Fix area() for rectangles\n\narea() added")
     assert "diff --git a/src/geom/core.py" in row["patch"] and "tests/" not in row["patch"]
     assert (
         "diff --git a/tests/test_core.py" in row["test_patch"] and "src/" not in row["test_patch"]
     )
-    assert mined["counts"]["geom"] == {"examined": 4, "written": 1, "already_in_out": 0,
-                                       "not_candidates": 2, "rejected": 1}  # fmt: skip
+    assert mined["counts"]["geom"] == {
+        "examined": 4,
+        "written": 1,
+        "already_in_out": 0,
+        "not_candidates": 2,
+        "rejected": 1,
+    }
     refactor = c["geom_refactor"][:12]
-    assert any(refactor in line and "no test goes from failing to passing" in line
-               for line in mined["logs"])  # fmt: skip
+    assert any(
+        refactor in line and "no test goes from failing to passing" in line
+        for line in mined["logs"]
+    )
     shapes, acme = mined["rows"]["shapes"], mined["rows"]["acme-tools"]  # plain, namespace
     assert shapes["FAIL_TO_PASS"] == ["tests/test_circle.py::test_unit"]
     assert shapes["PASS_TO_PASS"] == ["tests/test_circle.py::test_zero"]
@@ -125,8 +140,12 @@ def test_mining_finds_the_fix_and_its_tests(setup: dict, mined: dict):
     # Resumable: a second run appends nothing and redoes no rejected commit.
     before = mined["out"].read_text()
     logs: list[str] = []
-    counts = mine(MineOptions(setup["repos"] / "geom", mined["out"]), setup["cfg"],
-                  setup["cache"], log=logs.append)  # fmt: skip
+    counts = mine(
+        MineOptions(setup["repos"] / "geom", mined["out"]),
+        setup["cfg"],
+        setup["cache"],
+        log=logs.append,
+    )
     assert counts["written"] == 0 and counts["already_in_out"] == 1
     assert mined["out"].read_text() == before
 
@@ -147,9 +166,12 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
     bad_rows = [
         {**row, "instance_id": "already-passing", "FAIL_TO_PASS": row["PASS_TO_PASS"][:1]},
         {**row, "instance_id": "no-gold", "patch": ""},
-        {**row, "instance_id": "wrong-gold",
-         "patch": row["patch"].replace("return w * h", "return w - h")},
-    ]  # fmt: skip
+        {
+            **row,
+            "instance_id": "wrong-gold",
+            "patch": row["patch"].replace("return w * h", "return w - h"),
+        },
+    ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [*mined["rows"].values(), *bad_rows]))
     results = {v.key: v for _, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])}
@@ -171,8 +193,12 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
 
 
 def test_swe_validate_cli(setup: dict, mined: dict, tmp_path: Path, capsys):
-    common = ["--repos-root", str(setup["repos"]), f"env.swe_pip_args={setup['pip_args']}",
-              f"env.swe_cache_dir={setup['cache']}"]  # fmt: skip
+    common = [
+        "--repos-root",
+        str(setup["repos"]),
+        f"env.swe_pip_args={setup['pip_args']}",
+        f"env.swe_cache_dir={setup['cache']}",
+    ]
     assert main(["swe-validate", str(mined["out"]), *common]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -193,8 +219,13 @@ def _step(env: SweEnv, name: str, **arguments: object):
 
 def test_an_episode_runs_in_the_task_environment(setup: dict, mined: dict):
     task = _geom(setup, mined)
-    env = SweEnv("hermes", max_turns=8, max_tool_calls=8, test_timeout_s=10.0,
-                 work_dir=setup["cache"] / "work")  # fmt: skip
+    env = SweEnv(
+        "hermes",
+        max_turns=8,
+        max_tool_calls=8,
+        test_timeout_s=10.0,
+        work_dir=setup["cache"] / "work",
+    )
     asyncio.run(env.reset(task))
     code = "import geom, approxeq, sys; print(geom.__file__); print(sys.prefix)"
     obs = _step(env, "bash", command=f'python -c "{code}"').observations[0]["content"]
@@ -229,15 +260,21 @@ def test_a_task_whose_environment_fails_is_reported_and_left_out(
 ):
     c, repo = setup["commits"], setup["repos"] / "broken"
     diff = ["diff", c["broken_init"], c["broken_fix"], "--"]
-    broken = {"instance_id": "broken-1", "repo": "broken", "base_commit": c["broken_init"],
-              "problem_statement": "area() adds", "patch": git(repo, *diff, "src"),
-              "test_patch": git(repo, *diff, "tests"),
-              "FAIL_TO_PASS": ["tests/test_core.py::test_area"],
-              "PASS_TO_PASS": ["tests/test_core.py::test_perimeter"]}  # fmt: skip
+    broken = {
+        "instance_id": "broken-1",
+        "repo": "broken",
+        "base_commit": c["broken_init"],
+        "problem_statement": "area() adds",
+        "patch": git(repo, *diff, "src"),
+        "test_patch": git(repo, *diff, "tests"),
+        "FAIL_TO_PASS": ["tests/test_core.py::test_area"],
+        "PASS_TO_PASS": ["tests/test_core.py::test_perimeter"],
+    }
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps(broken) + "\n" + json.dumps(mined["rows"]["geom"]) + "\n")
-    checked = dict((t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"],
-                                                      setup["cache"]))  # fmt: skip
+    checked = dict(
+        (t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+    )
     assert checked["broken-1"].status == "env_error"
     assert "No matching distribution found for no-such-dep-xyz" in checked["broken-1"].reason
     with caplog.at_level(logging.WARNING, logger="saorl.envs.swe.validate"):
@@ -249,8 +286,9 @@ def test_a_task_whose_environment_fails_is_reported_and_left_out(
     with pytest.raises(ConfigError, match="none of the 1 tasks is usable"):
         prepare_tasks(_tasks(setup, only_broken), setup["cfg"], setup["cache"])
     # Training and evaluation see only the usable tasks, each with its environment.
-    cfg = setup["cfg"].model_copy(update={"swe_tasks": str(path),
-                                          "swe_repos_root": str(setup["repos"])})  # fmt: skip
+    cfg = setup["cfg"].model_copy(
+        update={"swe_tasks": str(path), "swe_repos_root": str(setup["repos"])}
+    )
     spec = build_env(cfg, held_out_only=True)
     assert [t.key for t in spec.task.held_out] == [mined["rows"]["geom"]["instance_id"]]
     assert spec.task.held_out[0].env == kept[0].env

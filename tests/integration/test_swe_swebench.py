@@ -58,12 +58,15 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (repo / "README.md").write_text("widgets v2 (after the base commit)\n")
     _git(repo, "commit", "-q", "-am", "later")
     row = {
-        "instance_id": "acme__widgets-1", "repo": "acme/widgets", "base_commit": base,
+        "instance_id": "acme__widgets-1",
+        "repo": "acme/widgets",
+        "base_commit": base,
         "problem_statement": "area() adds instead of multiplying",
         "FAIL_TO_PASS": json.dumps(["tests/test_core.py::test_area"]),  # as the HF dataset has it
         "PASS_TO_PASS": ["tests/test_core.py::test_perimeter"],
-        "test_patch": test_patch, "patch": gold,
-    }  # fmt: skip
+        "test_patch": test_patch,
+        "patch": gold,
+    }
     tasks_file = root / "tasks.jsonl"
     tasks_file.write_text(json.dumps(row) + "\n")
     return {"root": root, "file": tasks_file, "row": row, "cache": root / "cache"}
@@ -84,8 +87,10 @@ def test_loader_snapshot_at_base_commit_and_grading(setup):
     assert list(gold) == ["widgets/core.py"]
     result = grade(task, gold, **kw)
     assert result.resolved, result.info()
-    assert result.info()["tests"] == {"tests/test_core.py::test_area": "passed",
-                                      "tests/test_core.py::test_perimeter": "passed"}  # fmt: skip
+    assert result.info()["tests"] == {
+        "tests/test_core.py::test_area": "passed",
+        "tests/test_core.py::test_perimeter": "passed",
+    }
     assert not grade(task, {}, **kw).resolved
     # Writing the new test file oneself (with a trivially passing test_area) is undone.
     fake = {"tests/test_core.py": (TESTS + "\n\ndef test_area():\n    assert True\n").encode()}
@@ -94,9 +99,15 @@ def test_loader_snapshot_at_base_commit_and_grading(setup):
 
 
 def test_env_factory_with_a_swebench_file(setup):
-    cfg = EnvConfig(name="swe", swe_source="swebench", swe_tasks=str(setup["file"]),
-                    swe_repos_root=str(setup["root"]), swe_cache_dir=str(setup["cache"]),
-                    eval_size=5, tool_format="hermes")  # fmt: skip
+    cfg = EnvConfig(
+        name="swe",
+        swe_source="swebench",
+        swe_tasks=str(setup["file"]),
+        swe_repos_root=str(setup["root"]),
+        swe_cache_dir=str(setup["cache"]),
+        eval_size=5,
+        tool_format="hermes",
+    )
     spec = build_env(cfg)
     assert [t.key for t in spec.task.held_out] == ["acme__widgets-1"]
     assert spec.stop == ("</tool_call>",) and spec.demo is None
@@ -147,10 +158,12 @@ def test_plugins_and_config_the_submission_adds_do_not_load(setup):
     )
     meta = "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n"
     cheats = [
-        {"evil-1.0.dist-info/METADATA": meta,
-         "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = widgets.plug\n"},
+        {
+            "evil-1.0.dist-info/METADATA": meta,
+            "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = widgets.plug\n",
+        },
         {".pytest.ini": "[pytest]\naddopts = -p widgets.plug\n"},
-    ]  # fmt: skip
+    ]
     for cheat in cheats:
         changes = {k: v.encode() for k, v in {"widgets/plug.py": plug, **cheat}.items()}
         result = grade(task, changes, **kw)

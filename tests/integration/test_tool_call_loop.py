@@ -72,8 +72,13 @@ class _Tasks:
 def _tokenizer(fmt: str):
     tok = build_char_tokenizer(with_newlines=True)
     if fmt == "llama3":
-        specials = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|eom_id|>",
-                    "<|python_tag|>"]  # fmt: skip
+        specials = [
+            "<|start_header_id|>",
+            "<|end_header_id|>",
+            "<|eot_id|>",
+            "<|eom_id|>",
+            "<|python_tag|>",
+        ]
         tok.add_special_tokens({"additional_special_tokens": specials})
         tok.eos_token = "<|eot_id|>"
         tok.chat_template = LLAMA3_TEMPLATE
@@ -153,9 +158,17 @@ class _ToolParsingServer(ChatStub):
     def answer(self, body: dict) -> dict:
         type(self).bodies.append(body)
         if len(body["messages"]) <= 1:
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_7", "type": "function",
-                 "function": {"name": "add", "arguments": '{"a": 20, "b": 22}'}}]}  # fmt: skip
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_7",
+                        "type": "function",
+                        "function": {"name": "add", "arguments": '{"a": 20, "b": 22}'},
+                    }
+                ],
+            }
             reason = "tool_calls"
         else:
             message, reason = {"role": "assistant", "content": "\\boxed{42}"}, "stop"
@@ -169,9 +182,14 @@ def test_the_openai_client_sends_tools_and_answers_parsed_calls(fmt):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         env = MathToolEnv(fmt=fmt, use_tool=False, functions=FunctionTools([add]))
-        ep = chat_episode(f"http://127.0.0.1:{server.server_port}/v1", "m", env,
-                          Problem("What is 20+22?", "42"), max_turns=4,
-                          max_tool_calls=3)  # fmt: skip
+        ep = chat_episode(
+            f"http://127.0.0.1:{server.server_port}/v1",
+            "m",
+            env,
+            Problem("What is 20+22?", "42"),
+            max_turns=4,
+            max_tool_calls=3,
+        )
     finally:
         server.shutdown()
     assert ep.reward == 1.0 and ep.stop_reason == "answer"

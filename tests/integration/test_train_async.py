@@ -97,9 +97,14 @@ def test_second_run_with_the_same_name_gets_its_own_directory(tmp_path, capsys):
 
 def test_tool_task_trains_through_the_agent_loop(tmp_path):
     cfg = tiny_config(
-        f"run.output_dir={tmp_path}", "env.name=tool_arithmetic", "rollout.max_new_tokens=20",
-        "model.max_seq_len=64", "learner.sft_steps=3", "run.total_steps=2", "run.eval_every=0",
-    )  # fmt: skip
+        f"run.output_dir={tmp_path}",
+        "env.name=tool_arithmetic",
+        "rollout.max_new_tokens=20",
+        "model.max_seq_len=64",
+        "learner.sft_steps=3",
+        "run.total_steps=2",
+        "run.eval_every=0",
+    )
     summary = train_from_config(cfg)
     assert summary["steps"] == 2
     rows = [r for r in _metrics(tmp_path / "default") if "loss/value" in r]
@@ -111,10 +116,16 @@ def test_warmup_on_a_dataset_env_is_a_clear_error(tmp_path):
     from saorl.config import ConfigError
 
     data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n"
-                            for i in range(5)))  # fmt: skip
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "env.name=math", f"env.dataset={data}",
-                      "env.eval_size=2", "learner.sft_steps=5")  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"problem": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(5))
+    )
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "env.name=math",
+        f"env.dataset={data}",
+        "env.eval_size=2",
+        "learner.sft_steps=5",
+    )
     cfg.model.max_seq_len = 256
     with pytest.raises(ConfigError, match=r"learner\.sft_steps"):  # the prompts fit: sft fails
         train_from_config(cfg)

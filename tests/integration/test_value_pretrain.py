@@ -21,8 +21,9 @@ def test_pretrained_critic_is_what_training_starts_from(tmp_path, monkeypatch):
     # and stop strings so that turns end early and get graded.
     monkeypatch.setattr(ArithmeticTask, "reward", staticmethod(lambda p, t: float(len(t) % 2)))
     stop = "rollout.stop=" + str(list(string.ascii_letters + string.digits))
-    cfg = tiny_config(f"run.output_dir={tmp_path}", "learner.sft_steps=2", "run.total_steps=1",
-                      stop)  # fmt: skip
+    cfg = tiny_config(
+        f"run.output_dir={tmp_path}", "learner.sft_steps=2", "run.total_steps=1", stop
+    )
     out = tmp_path / "critic.pt"
     result = value_pretrain(cfg, out, rollouts=24, epochs=2)
     assert out.is_file() and result["rollouts"] == 24 and result["heldout"] == 4
@@ -31,8 +32,12 @@ def test_pretrained_critic_is_what_training_starts_from(tmp_path, monkeypatch):
     # The value head left zero: the critic was fitted (frozen attention stays as initialised).
     assert saved["value_head.bias"].abs().sum() > 0
 
-    run_cfg = tiny_config(f"run.output_dir={tmp_path}", "learner.sft_steps=2",
-                          "run.total_steps=1", f"critic.init_from={out}")  # fmt: skip
+    run_cfg = tiny_config(
+        f"run.output_dir={tmp_path}",
+        "learner.sft_steps=2",
+        "run.total_steps=1",
+        f"critic.init_from={out}",
+    )
     run = train_from_config(run_cfg)["run_dir"]
     step0 = load_state_file(f"{run}/checkpoints/step_00000000.pt")["critic"]
     for name, value in saved.items():

@@ -28,15 +28,21 @@ def _obs_batch(policy, n: int = 8) -> Batch:
             t = torch.tensor([ids])
             lp = sequence_logprobs(policy, t, torch.ones_like(t))[0, p_len:].tolist()
         # Rewards are never 0, so the zero-initialised value head is wrong on every row.
-        trajs.append(Trajectory(ids[:p_len], ids[p_len:], LOSS_MASK, lp, [0] * c_len,
-                                reward=0.25 + 0.5 * (i % 2)))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                ids[:p_len], ids[p_len:], LOSS_MASK, lp, [0] * c_len, reward=0.25 + 0.5 * (i % 2)
+            )
+        )
     return Batch.from_trajectories(trajs, pad_id=0)
 
 
 def _learner(policy, skip: bool) -> Learner:
-    cfg = tiny_config(f"algorithm.skip_observations={str(skip).lower()}",
-                      "critic.warmup_steps=100", "critic.updates_per_step=1",
-                      "learner.micro_batch_size=8")  # fmt: skip
+    cfg = tiny_config(
+        f"algorithm.skip_observations={str(skip).lower()}",
+        "critic.warmup_steps=100",
+        "critic.updates_per_step=1",
+        "learner.micro_batch_size=8",
+    )
     return Learner(cfg, copy.deepcopy(policy), torch.device("cpu"))
 
 

@@ -90,20 +90,30 @@ def main(out_path: str) -> None:
         names = [n for n, p in plain.policy.named_parameters() if p.requires_grad]
         adam1 = _adam_rel_diff(state1["policy_opt"], plain.policy_opt, names)
         p2 = plain.step(batch)
-        r = {f"{k}@{i}": abs(m[k] - p[k]) for i, (m, p) in enumerate(((m1, p1), (m2, p2)), 1)
-             for k in ("loss/policy", "loss/value", "policy/grad_norm", "critic/grad_norm",
-                       "policy/entropy")}  # fmt: skip
-        r.update({
-            "policy_adam_exp_avg_rel@1": adam1,
-            "policy_weights@2": _max_diff(state2["policy"], plain.policy.state_dict()),
-            "critic_weights@2": _max_diff(state2["critic"], plain.critic.state_dict()),
-            "pushed_weights@2": _max_diff(pushed, plain.policy.state_dict()),
-            "version": abs(sharded.version - plain.version),
-            "reload_loss@2": abs(m_reload["loss/policy"] - m2["loss/policy"]),
-            "reload_weights@2": _max_diff(after_reload, pushed),
-            # The updates must be visible, or equal weights would prove nothing.
-            "policy_moved@2": _max_diff(state2["policy"], policy.state_dict()),
-        })  # fmt: skip
+        r = {
+            f"{k}@{i}": abs(m[k] - p[k])
+            for i, (m, p) in enumerate(((m1, p1), (m2, p2)), 1)
+            for k in (
+                "loss/policy",
+                "loss/value",
+                "policy/grad_norm",
+                "critic/grad_norm",
+                "policy/entropy",
+            )
+        }
+        r.update(
+            {
+                "policy_adam_exp_avg_rel@1": adam1,
+                "policy_weights@2": _max_diff(state2["policy"], plain.policy.state_dict()),
+                "critic_weights@2": _max_diff(state2["critic"], plain.critic.state_dict()),
+                "pushed_weights@2": _max_diff(pushed, plain.policy.state_dict()),
+                "version": abs(sharded.version - plain.version),
+                "reload_loss@2": abs(m_reload["loss/policy"] - m2["loss/policy"]),
+                "reload_weights@2": _max_diff(after_reload, pushed),
+                # The updates must be visible, or equal weights would prove nothing.
+                "policy_moved@2": _max_diff(state2["policy"], policy.state_dict()),
+            }
+        )
         results[case] = r
     # critic.concurrent: the critic over a process group of its own, its K updates on a thread
     # beside the policy update, against the sequential sharded learner (two steps each).
@@ -118,14 +128,20 @@ def main(out_path: str) -> None:
     if rank == 0:
         results["concurrent"] = {
             "own_group": float(seq_group is None and con_group is not None),
-            "metrics": max(abs(a[k] - b[k]) for a, b in zip(seq_m, con_m, strict=True)
-                           for k in a if a[k] is not None),
+            "metrics": max(
+                abs(a[k] - b[k])
+                for a, b in zip(seq_m, con_m, strict=True)
+                for k in a
+                if a[k] is not None
+            ),
             "policy_weights@2": _max_diff(seq_s["policy"], con_s["policy"]),
             "critic_weights@2": _max_diff(seq_s["critic"], con_s["critic"]),
-            "critic_adam@2": max(_max_diff(a, con_s["critic_opt"]["state"][n])
-                                 for n, a in seq_s["critic_opt"]["state"].items()),
+            "critic_adam@2": max(
+                _max_diff(a, con_s["critic_opt"]["state"][n])
+                for n, a in seq_s["critic_opt"]["state"].items()
+            ),
             "version": float(con_m[-1]["learner/version"]),
-        }  # fmt: skip
+        }
     # Re-initialising the sharded critic from the policy (after a supervised warm-up).
     cfg = tiny_config(*COMMON, "learner.fsdp=true")
     sharded = _sharded(cfg, policy)
@@ -136,8 +152,11 @@ def main(out_path: str) -> None:
     bf16_cfg = tiny_config(*COMMON, "learner.fsdp=true", "learner.mixed_precision=bf16")
     m_bf16 = _sharded(bf16_cfg, policy).step(batch)
     if rank == 0:
-        expect = {"backbone." + k[len("model.") :]: v for k, v in policy_state.items()
-                  if k.startswith("model.")}  # fmt: skip
+        expect = {
+            "backbone." + k[len("model.") :]: v
+            for k, v in policy_state.items()
+            if k.startswith("model.")
+        }
         head = [v for k, v in critic_state.items() if k.startswith("value_head.")]
         results["reset_critic"] = {
             "backbone": _max_diff({k: critic_state[k] for k in expect}, expect),

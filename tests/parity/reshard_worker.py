@@ -34,8 +34,13 @@ from saorl.models.loading import load_policy
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 
-OVERRIDES = ("critic.warmup_steps=0", "learner.batch_size=7", "learner.lr_warmup_steps=0",
-             "learner.fsdp=true", "learner.micro_batch_size=3")  # fmt: skip
+OVERRIDES = (
+    "critic.warmup_steps=0",
+    "learner.batch_size=7",
+    "learner.lr_warmup_steps=0",
+    "learner.fsdp=true",
+    "learner.micro_batch_size=3",
+)
 STEP_KEYS = ("loss/policy", "loss/value", "policy/grad_norm", "critic/grad_norm")
 
 
@@ -65,8 +70,11 @@ def _diff(a: dict, b: dict) -> dict[str, float]:
         va, vb = fa[k], fb[k]
         if isinstance(va, torch.Tensor):
             same = va.shape == vb.shape and va.dtype == vb.dtype
-            out[k] = float((va.float() - vb.float()).abs().max()) if same and va.numel() else (
-                0.0 if same else 1.0)  # fmt: skip
+            out[k] = (
+                float((va.float() - vb.float()).abs().max())
+                if same and va.numel()
+                else (0.0 if same else 1.0)
+            )
         else:
             out[k] = float(va != vb)
     return out
@@ -86,8 +94,14 @@ def save(folder: Path, name: str) -> None:
     if dist.get_rank() == 0:
         save_checkpoint(ckpt, state["step"], state)
         torch.save(whole, folder / f"{name}.ref.pt")
-        torch.save({"metrics": {k: metrics[k] for k in STEP_KEYS}, "policy": after["policy"],
-                    "critic": after["critic"]}, folder / f"{name}.next.pt")  # fmt: skip
+        torch.save(
+            {
+                "metrics": {k: metrics[k] for k in STEP_KEYS},
+                "policy": after["policy"],
+                "critic": after["critic"],
+            },
+            folder / f"{name}.next.pt",
+        )
 
 
 def load(folder: Path, name: str, out: str) -> None:
@@ -104,10 +118,11 @@ def load(folder: Path, name: str, out: str) -> None:
             "world": dist.get_world_size(),
             "restored": _diff(restored, ref),
             "next_metrics": {k: abs(metrics[k] - nxt["metrics"][k]) for k in STEP_KEYS},
-            "next_weights": max(max(_diff(after[m], nxt[m]).values())
-                                for m in ("policy", "critic")),
+            "next_weights": max(
+                max(_diff(after[m], nxt[m]).values()) for m in ("policy", "critic")
+            ),
             "moved": max(_diff(after["policy"], ref["policy"]).values()),
-        }  # fmt: skip
+        }
         Path(out).write_text(json.dumps(result, indent=2))
 
 

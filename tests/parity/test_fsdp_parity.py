@@ -27,8 +27,16 @@ ADAM_REL_TOL = 1e-5  # relative, on Adam's first moment after one step (the grad
 def parity(tmp_path_factory) -> dict[str, dict[str, float]]:
     out = tmp_path_factory.mktemp("fsdp") / "parity.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           "2", str(ROOT / "tests/parity/fsdp_worker.py"), str(out)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(ROOT / "tests/parity/fsdp_worker.py"),
+        str(out),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads(out.read_text())
@@ -41,8 +49,13 @@ def test_sharded_step_equals_single_process(parity, case):
     assert r["version"] == 0
     assert r["policy_moved@2"] > 1e-4  # two real updates happened
     for key, diff in r.items():
-        if key.split("@")[0] in ("loss/policy", "loss/value", "policy/grad_norm",
-                                 "critic/grad_norm", "policy/entropy"):  # fmt: skip
+        if key.split("@")[0] in (
+            "loss/policy",
+            "loss/value",
+            "policy/grad_norm",
+            "critic/grad_norm",
+            "policy/entropy",
+        ):
             assert diff < LOSS_TOL, (key, diff)
     assert r["policy_adam_exp_avg_rel@1"] < ADAM_REL_TOL
     for key in ("policy_weights@2", "critic_weights@2", "pushed_weights@2"):

@@ -24,8 +24,16 @@ WORKER = str(ROOT / "tests/parity/reshard_worker.py")
 
 def _torchrun(nproc: int, *args: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           str(nproc), WORKER, *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        WORKER,
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -43,7 +51,10 @@ def resumed(tmp_path_factory) -> dict[str, dict]:
     # The checkpoints are what the run directory layout says: a .pt naming its shards, and
     # the digests of both.
     assert sorted(p.name for p in (d / "saved_at_2" / "checkpoints").iterdir()) == [
-        "step_00000002.dcp", "step_00000002.pt", "step_00000002.sha256"]  # fmt: skip
+        "step_00000002.dcp",
+        "step_00000002.pt",
+        "step_00000002.sha256",
+    ]
     assert len(list((d / "saved_at_2" / "checkpoints" / "step_00000002.dcp").glob("*.distcp"))) == 2
     return out
 

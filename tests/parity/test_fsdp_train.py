@@ -19,16 +19,35 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[2]
-ARGS = ["run.eval_every=2", "learner.sft_steps=5", "learner.batch_size=8",
-        "critic.warmup_steps=1", "model.hidden_size=32", "model.intermediate_size=64",
-        "env.eval_size=16", "learner.fsdp=true", "learner.micro_batch_tokens=64",
-        "run.progress=false"]  # fmt: skip
+ARGS = [
+    "run.eval_every=2",
+    "learner.sft_steps=5",
+    "learner.batch_size=8",
+    "critic.warmup_steps=1",
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "env.eval_size=16",
+    "learner.fsdp=true",
+    "learner.micro_batch_tokens=64",
+    "run.progress=false",
+]
 
 
 def _torchrun(*args: str, nproc: int = 2) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-           str(nproc), "-m", "saorl", "train", *args, *ARGS]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(nproc),
+        "-m",
+        "saorl",
+        "train",
+        *args,
+        *ARGS,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
@@ -57,8 +76,10 @@ def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     assert sorted(p.name for p in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     exported = load_file(run / "final" / "model.safetensors")
     # The shards, read back in one process, hold the weights the replica exported.
-    tensors = {"policy": {k: torch.empty_like(v) for k, v in exported.items()},
-               "critic": {"value_head.weight": torch.empty(1, 32)}}  # fmt: skip
+    tensors = {
+        "policy": {k: torch.empty_like(v) for k, v in exported.items()},
+        "critic": {"value_head.weight": torch.empty(1, 32)},
+    }
     dcp.load(tensors, storage_reader=SafeReader(shards))
     for k, v in exported.items():
         assert torch.equal(tensors["policy"][k], v), k
@@ -90,11 +111,26 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path
     from saorl.checkpoint.checkpoint import load_latest_checkpoint
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "saorl", "train", *ARGS, f"run.output_dir={tmp_path}", "run.name=t",
-           "run.total_steps=100000", "run.checkpoint_every=0", "run.eval_every=0"]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "saorl",
+        "train",
+        *ARGS,
+        f"run.output_dir={tmp_path}",
+        "run.name=t",
+        "run.total_steps=100000",
+        "run.checkpoint_every=0",
+        "run.eval_every=0",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     metrics = tmp_path / "t" / "metrics.jsonl"
     while proc.poll() is None:
         if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:  # steps 0, 1, 2

@@ -28,8 +28,16 @@ def _request(tok, i: int, n: int, **kw) -> GenerationRequest:
 
 
 def _run(model, tok, kv_cache: bool, new_state: dict) -> list[tuple]:
-    engine = HFEngine(model, tok, max_seq_len=40, temperature=0.8, top_p=0.95,
-                      max_concurrent=3, seed=11, kv_cache=kv_cache)  # fmt: skip
+    engine = HFEngine(
+        model,
+        tok,
+        max_seq_len=40,
+        temperature=0.8,
+        top_p=0.95,
+        max_concurrent=3,
+        seed=11,
+        kv_cache=kv_cache,
+    )
     # r1 and r6 end on a stop string (r1 on a two-token one); r2 and r6 are greedy.
     plan = {
         0: [
@@ -47,8 +55,9 @@ def _run(model, tok, kv_cache: bool, new_state: dict) -> list[tuple]:
         if step == 5:
             engine.update_weights(new_state, version=1)
         for c in engine.step():
-            out.append((step, c.request.request_id, c.token_ids, c.logprobs, c.versions,
-                        c.finish_reason))  # fmt: skip
+            out.append(
+                (step, c.request.request_id, c.token_ids, c.logprobs, c.versions, c.finish_reason)
+            )
         step += 1
     return out
 
@@ -65,8 +74,12 @@ def test_kv_cache_engine_matches_reencode_reference(tiny_policy):
         step_a, id_a, tokens_a, logp_a, versions_a, reason_a = a
         step_b, id_b, tokens_b, logp_b, versions_b, reason_b = b
         assert (step_a, id_a, tokens_a, versions_a, reason_a) == (
-            step_b, id_b, tokens_b, versions_b, reason_b,
-        )  # fmt: skip
+            step_b,
+            id_b,
+            tokens_b,
+            versions_b,
+            reason_b,
+        )
         torch.testing.assert_close(torch.tensor(logp_b), torch.tensor(logp_a), atol=1e-5, rtol=0)
 
     # The schedule did exercise what it claims to.
@@ -94,5 +107,6 @@ def test_kv_cache_engine_matches_reencode_with_many_joins(tiny_policy):
         outs[kv_cache] = engine.generate([copy.copy(r) for r in reqs])
     for a, b in zip(outs[False], outs[True], strict=True):
         assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)
-        torch.testing.assert_close(torch.tensor(b.logprobs), torch.tensor(a.logprobs),
-                                   atol=1e-5, rtol=0)  # fmt: skip
+        torch.testing.assert_close(
+            torch.tensor(b.logprobs), torch.tensor(a.logprobs), atol=1e-5, rtol=0
+        )

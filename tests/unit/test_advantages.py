@@ -373,7 +373,10 @@ def test_running_mean_baseline_scope_is_the_config_field() -> None:
     from saorl.models.loading import load_policy
     from tests.conftest import tiny_config
 
-    cfg = tiny_config("algorithm.name=running_mean", "algorithm.baseline_scope=global",
-                      "algorithm.baseline_global_window=16")  # fmt: skip
+    cfg = tiny_config(
+        "algorithm.name=running_mean",
+        "algorithm.baseline_scope=global",
+        "algorithm.baseline_global_window=16",
+    )
     learner = Learner(cfg, load_policy(cfg.model)[0], torch.device("cpu"))
     assert (learner.baseline.scope, learner.baseline.global_window) == ("global", 16)

@@ -399,8 +399,13 @@ def test_report_over_seeds_gives_mean_spread_and_collapse_fraction(tmp_path: Pat
     assert sao["critic"].startswith("lr 5x policy, K=2, attention frozen")
     runs = _read_csv_rows(tmp_path / "summary.csv")
     assert [(r["arm"], r["seed"]) for r in runs] == [
-        ("sao", "0"), ("sao", "1"), ("sao", "2"), ("grpo", "0"), ("grpo", "1"), ("grpo", "2"),
-    ]  # fmt: skip
+        ("sao", "0"),
+        ("sao", "1"),
+        ("sao", "2"),
+        ("grpo", "0"),
+        ("grpo", "1"),
+        ("grpo", "2"),
+    ]
     page = index.read_text()
     assert "What each arm is" in page and "group sampling" not in page
     assert "sao/seed1/report.png" not in page  # no report.png was written for the fixtures
@@ -435,9 +440,11 @@ def test_run_compare_with_seeds_runs_every_arm_at_every_seed(
     out = tmp_path / "cmp"
     index = run_compare(None, ["run.seed=5"], ["sao", "sao_k1"], out, steps=100, seeds=2)
     assert [(n, c.run.seed, c.run.output_dir) for n, _, c in fake.calls] == [
-        ("seed5", 5, str(out / "sao")), ("seed5", 5, str(out / "sao_k1")),
-        ("seed6", 6, str(out / "sao")), ("seed6", 6, str(out / "sao_k1")),
-    ]  # fmt: skip
+        ("seed5", 5, str(out / "sao")),
+        ("seed5", 5, str(out / "sao_k1")),
+        ("seed6", 6, str(out / "sao")),
+        ("seed6", 6, str(out / "sao_k1")),
+    ]
     assert json.loads((out / "compare.json").read_text())["seeds"] == [5, 6]
     arms = _read_csv(out / "arms.csv")
     assert arms["sao_k1"]["runs"] == "2" and float(arms["sao_k1"]["collapsed_frac"]) == 1.0
@@ -491,9 +498,11 @@ def test_parallel_runs_record_the_failures_of_their_processes(tmp_path: Path) ->
     run_compare(None, [], arms, out, steps=10, seeds=2, jobs=2)
     table = _read_csv_rows(out / "summary.csv")
     assert [(r["arm"], r["seed"], r["status"]) for r in table] == [
-        ("neg", "0", "failed"), ("neg", "1", "failed"), ("bad", "0", "failed"),
+        ("neg", "0", "failed"),
+        ("neg", "1", "failed"),
+        ("bad", "0", "failed"),
         ("bad", "1", "failed"),
-    ]  # fmt: skip
+    ]
     assert all("eps_low" in r["error"] for r in table[:2])
     assert all("critic.lr" in r["error"] for r in table[2:])
     assert "FAILED" in (out / "neg" / "seed0.log").read_text()

@@ -16,8 +16,9 @@ CPU = torch.device("cpu")
 def test_auto_is_the_default_and_explicit_settings_win():
     assert tiny_config().critic.concurrent == "auto"
     assert concurrent_critic(tiny_config("critic.concurrent=false"), CPU) == (
-        False, "critic.concurrent = false",
-    )  # fmt: skip
+        False,
+        "critic.concurrent = false",
+    )
     assert concurrent_critic(tiny_config("critic.concurrent=true"), CPU)[0] is True
 
 

@@ -353,8 +353,9 @@ def test_saved_dataset_directory_loads_with_datasets(tmp_path: Path) -> None:
 def test_env_config_with_a_conversational_file(tmp_path: Path) -> None:
     rows = [{"prompt": [_user(f"{i}+{i}?")], "answer": str(2 * i)} for i in range(6)]
     path = _write_jsonl(tmp_path / "d" / "conv.jsonl", rows)
-    cfg = EnvConfig(name="math", dataset=str(path), eval_size=2, use_tool=False,
-                    system_prompt="Answer briefly.")  # fmt: skip
+    cfg = EnvConfig(
+        name="math", dataset=str(path), eval_size=2, use_tool=False, system_prompt="Answer briefly."
+    )
     spec = build_env(cfg)
     assert len(spec.task.train) == 4 and [p.answer for p in spec.task.held_out] == ["8", "10"]
     opening = asyncio.run(spec.make_env().reset(spec.task.held_out[0]))

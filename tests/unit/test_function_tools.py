@@ -17,8 +17,13 @@ from saorl.envs.function_tools import FunctionTools, function_schema
 from saorl.envs.math.tool import MathToolEnv
 
 
-def scale(xs: list[int], factor: float = 2.0, label: Optional[str] = None,  # noqa: UP045
-          mode: Literal["up", "down"] = "up", exact: bool = False) -> str:  # fmt: skip
+def scale(
+    xs: list[int],
+    factor: float = 2.0,
+    label: Optional[str] = None,  # noqa: UP045
+    mode: Literal["up", "down"] = "up",
+    exact: bool = False,
+) -> str:
     """Scale a list of numbers.
 
     Each number is multiplied; this line is not part of the first paragraph.
@@ -131,9 +136,11 @@ def test_tools_reach_a_real_chat_template() -> None:
     turn = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
     conversation = [*messages, {"role": "assistant", "content": turn}]
     obs = codec.observation_ids(
-        conversation, tok.encode(turn + "\n", add_special_tokens=False),
-        [{"role": "tool", "content": "3"}], tools,
-    )  # fmt: skip
+        conversation,
+        tok.encode(turn + "\n", add_special_tokens=False),
+        [{"role": "tool", "content": "3"}],
+        tools,
+    )
     assert tok.decode(obs) == "<tool>3\n<assistant>"
 
 
@@ -153,7 +160,9 @@ def test_math_env_runs_calls_and_reports_every_error() -> None:
     assert "add, boom, slow, aslow, ahello" in opening[-1]["content"]
 
     assert _step(env, {"name": "add", "arguments": {"a": 1, "b": 2}}) == (
-        "3", {"tool_call": True, "tool_status": "ok", "tool": "add"})  # fmt: skip
+        "3",
+        {"tool_call": True, "tool_status": "ok", "tool": "add"},
+    )
     assert _step(env, {"name": "ahello", "arguments": {"name": "a" * 20}})[0].startswith(
         "hello aaaa\n... (16 more characters)"
     )
@@ -198,11 +207,20 @@ def test_math_env_keeps_the_sandbox_python_tool_beside_functions(tmp_path: Path)
         "def add(a: int, b: int) -> int:\n    '''Add.'''\n    return a + b\n"
     )
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n"
-                            for i in range(4)))  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n" for i in range(4))
+    )
     tools = f'env.tools=["{tmp_path}/tools.py:add"]'
-    cfg = load_config(None, ["env.name=math", "env.tool_format=hermes", f"env.dataset={data}",
-                             "env.eval_size=1", tools])  # fmt: skip
+    cfg = load_config(
+        None,
+        [
+            "env.name=math",
+            "env.tool_format=hermes",
+            f"env.dataset={data}",
+            "env.eval_size=1",
+            tools,
+        ],
+    )
     spec = build_env(cfg.env)
     assert spec.stop == ("</tool_call>",) and spec.max_turns == cfg.env.max_turns
     env = spec.make_env()
@@ -234,10 +252,12 @@ def test_config_checks_the_tools(tmp_path: Path) -> None:
 
 def test_math_env_in_llama3_format_from_the_config(tmp_path: Path) -> None:
     data = tmp_path / "d.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n"
-                            for i in range(4)))  # fmt: skip
-    cfg = load_config(None, ["env.name=math", "env.tool_format=llama3", f"env.dataset={data}",
-                             "env.eval_size=1"])  # fmt: skip
+    data.write_text(
+        "".join(json.dumps({"problem": f"{i}+1", "answer": i + 1}) + "\n" for i in range(4))
+    )
+    cfg = load_config(
+        None, ["env.name=math", "env.tool_format=llama3", f"env.dataset={data}", "env.eval_size=1"]
+    )
     spec = build_env(cfg.env)
     assert spec.stop == ("<|eom_id|>",)
     env = spec.make_env()

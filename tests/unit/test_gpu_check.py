@@ -31,9 +31,15 @@ def test_step_flops_by_hand():
     # Critic values: 96 + 192 + 32 = 320. A critic update, attention weights frozen (backward
     # once, not twice): 2*96 + 3*192 + 3*32 = 864. The policy update: 3 * (320 + 80) = 1200.
     # Step: 3 tokens * (320 + 2*864 + 1200) = 9744.
-    cfg = SimpleNamespace(hidden_size=4, intermediate_size=8, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=2,
-                          vocab_size=10)  # fmt: skip
+    cfg = SimpleNamespace(
+        hidden_size=4,
+        intermediate_size=8,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=2,
+        vocab_size=10,
+    )
     assert _module().step_flops(cfg, rows=1, seq=3, k=2) == 9744
 
 
@@ -69,8 +75,13 @@ def test_without_cuda_it_stops_with_exit_2_and_says_why(monkeypatch, capsys):
 @pytest.mark.slow
 def test_cpu_smoke_runs_every_part(tmp_path: Path):
     out = tmp_path / "gpu.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["mode"] == "cpu-smoke"

@@ -206,8 +206,9 @@ def import_graph(lazy: bool = False) -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, base] if base else up)
                 # `from pkg import sub` imports the submodule; `from pkg import name`, pkg
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in names else base
-                           for a in node.names]  # fmt: skip
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names
+                ]
             graph[name] |= {t for t in targets if t in names and t != name}
     return graph
 

@@ -609,8 +609,14 @@ def test_grade_works_from_python_c_and_stdin(how: str, tmp_path: Path) -> None:
     # The worker is `python -m saorl.envs.math.worker`: it never imports the caller's
     # `__main__`, which for `python -c` and `python -` has no file to import.
     args = [sys.executable, "-c", _SCRIPT] if how == "-c" else [sys.executable, "-"]
-    proc = subprocess.run(args, input=None if how == "-c" else _SCRIPT, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    proc = subprocess.run(
+        args,
+        input=None if how == "-c" else _SCRIPT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1.0", "0.0"]
 
@@ -623,8 +629,9 @@ def test_worker_exits_with_its_parent(tmp_path: Path) -> None:
         "print(math_grader._worker.process.pid, flush=True)\n"
         "import time; time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                              cwd=tmp_path)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=tmp_path
+    )
     try:
         worker_pid = int(parent.stdout.readline())
     finally:

@@ -143,8 +143,16 @@ def _text_forms(ref: str, box: Callable[..., tuple[str, str]]) -> Iterator[tuple
 def _number_forms(ref: str, box: Callable[..., tuple[str, str]]) -> Iterator[tuple[str, str]]:
     if _INT.fullmatch(ref):
         n, wrong = int(ref), str(_off_by_one(int(ref)))
-        for unit in (" \\text{ cm}", "\\text{ dollars}", "\\,\\text{m}", " \\mbox{ inches}",
-                     "\\text{ square units}", "^\\circ", "\\%", " \\text{ degrees}"):  # fmt: skip
+        for unit in (
+            " \\text{ cm}",
+            "\\text{ dollars}",
+            "\\,\\text{m}",
+            " \\mbox{ inches}",
+            "\\text{ square units}",
+            "^\\circ",
+            "\\%",
+            " \\text{ degrees}",
+        ):
             yield box("units", ref + unit)
         yield box("units", f"\\${ref}")
         yield box("decimal", f"{ref}.0")
@@ -231,8 +239,10 @@ def _list_forms(ref: str, box: Callable[..., tuple[str, str]]) -> Iterator[tuple
         yield "multi_box", ", ".join(f"\\boxed{{{i}}}" for i in reversed(items))
         yield "multi_box", " and ".join(f"$\\boxed{{{i}}}$" for i in reversed(items))
         yield "multi_box", ", ".join(f"$x = \\boxed{{{i}}}$" for i in items)
-        yield "multi_box", "\\[" + " \\quad\\text{and}\\quad ".join(
-            f"\\boxed{{{i}}}" for i in items) + "\\]"  # fmt: skip
+        yield (
+            "multi_box",
+            "\\[" + " \\quad\\text{and}\\quad ".join(f"\\boxed{{{i}}}" for i in items) + "\\]",
+        )
         yield "multi_box", " \\text{ and } ".join(f"$\\boxed{{{i}}}$" for i in items)
         yield box("wrong_list", ", ".join(items[:-1]))
         yield "wrong_list", ", ".join(f"\\boxed{{{i}}}" for i in items[:-1])
@@ -308,8 +318,11 @@ def _expression_forms(ref: str, box: Callable[..., tuple[str, str]]) -> Iterator
 
 
 def all_cases() -> list[Case]:
-    return [(kind, response, p.answer)
-            for p in load_preset("math500") for kind, response in renders(p.answer)]  # fmt: skip
+    return [
+        (kind, response, p.answer)
+        for p in load_preset("math500")
+        for kind, response in renders(p.answer)
+    ]
 
 
 def sample(cases: list[Case], per_kind: int = PER_KIND, seed: int = SEED) -> list[Case]:
@@ -333,8 +346,10 @@ def math_verify_grade(response: str, reference: str) -> int:
 def measure(cases: list[Case]) -> dict:
     """Grade every case both ways; the figures and the disagreements."""
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its timeout notices
-    rows = [(*case, math_verify_grade(case[1], case[2]), int(math_grader.grade(case[1], case[2])))
-            for case in cases]  # fmt: skip
+    rows = [
+        (*case, math_verify_grade(case[1], case[2]), int(math_grader.grade(case[1], case[2])))
+        for case in cases
+    ]
     deliberate = [r for r in rows if r[0] in DELIBERATE and (r[3], r[4]) == (1, 0)]
     counted = [r for r in rows if r not in deliberate]
     return {
@@ -350,11 +365,13 @@ def measure(cases: list[Case]) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"{result['cases']} cases in {len(result['kinds'])} kinds ({result['right']} "
-             f"right for math-verify); agreement "
-             f"{result['agreement']:.2%} over {result['counted']} (deliberate differences left "
-             f"out: {len(result['deliberate'])}); credited where math-verify rejects: "
-             f"{len(result['false_credit'])}"]  # fmt: skip
+    lines = [
+        f"{result['cases']} cases in {len(result['kinds'])} kinds ({result['right']} "
+        f"right for math-verify); agreement "
+        f"{result['agreement']:.2%} over {result['counted']} (deliberate differences left "
+        f"out: {len(result['deliberate'])}); credited where math-verify rejects: "
+        f"{len(result['false_credit'])}"
+    ]
     by_kind: dict[str, list] = defaultdict(list)
     for row in result["disagreements"]:
         by_kind[row[0]].append(row)
@@ -363,8 +380,10 @@ def table(result: dict) -> str:
         note = " (deliberate: " + DELIBERATE[kind] + ")" if kind in DELIBERATE else ""
         lines.append(f"{kind}: {len(rows)} of {result['kinds'][kind]}{note}")
         for _, response, reference, mv, ours in rows[:6]:
-            lines.append(f"    math-verify {mv} saorl {ours}  ref {reference!r}  "
-                         f"response ...{response[-70:]!r}")  # fmt: skip
+            lines.append(
+                f"    math-verify {mv} saorl {ours}  ref {reference!r}  "
+                f"response ...{response[-70:]!r}"
+            )
     return "\n".join(lines)
 
 

@@ -97,8 +97,12 @@ def play(env, task, turns=("first", " 42 ")) -> list[StepResult]:
 
 
 def test_weighted_sum_of_sync_async_and_none(tmp_path: Path, rewards_file: Path) -> None:
-    env, task = scored_env(tmp_path, rewards_file, ["exact", "length", "skip", "only_named"],
-                           "env.reward_weights=[2.0, 1.0, 5.0, 1.0]")  # fmt: skip
+    env, task = scored_env(
+        tmp_path,
+        rewards_file,
+        ["exact", "length", "skip", "only_named"],
+        "env.reward_weights=[2.0, 1.0, 5.0, 1.0]",
+    )
     first, last = play(env, task)
     assert first.reward == 0.0 and not first.done  # intermediate rewards are the functions'
     assert last.done
@@ -139,8 +143,12 @@ def test_failures_fail_the_episode(
 def test_same_names_get_distinct_metric_keys(tmp_path: Path, rewards_file: Path) -> None:
     other = tmp_path / "more.py"
     other.write_text("def exact(**kwargs):\n    return 0.25\n")
-    env, task = scored_env(tmp_path, rewards_file, ["exact"], f'env.reward_fns=["{rewards_file}'
-                           f':exact", "{other}:exact"]')  # fmt: skip
+    env, task = scored_env(
+        tmp_path,
+        rewards_file,
+        ["exact"],
+        f'env.reward_fns=["{rewards_file}:exact", "{other}:exact"]',
+    )
     info = play(env, task)[-1].info
     assert info["reward/exact"] == 1.0 and info["reward/exact_2"] == 0.25
 
@@ -163,8 +171,9 @@ def test_task_columns() -> None:
     assert task_columns(Problem("1+1=", "2", "k")) == {"prompt": "1+1=", "answer": "2", "key": "k"}
     assert task_columns({"a": 1}) == {"a": 1}
     assert task_columns(MathProblem("p", "a", "k", row={"question": "p", "x": 2})) == {
-        "question": "p", "x": 2,
-    }  # fmt: skip
+        "question": "p",
+        "x": 2,
+    }
     assert task_columns(7) == {}
 
 

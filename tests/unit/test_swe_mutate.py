@@ -29,8 +29,14 @@ def f(xs, n):
 def test_every_kind_is_found_and_module_level_code_is_not_touched():
     sites = mutation_sites(SOURCE)
     kinds = Counter(s.kind for s in sites)
-    assert set(kinds) == {"operator", "comparison", "boolean", "off_by_one", "wrong_branch",
-                          "removed_line"}  # fmt: skip
+    assert set(kinds) == {
+        "operator",
+        "comparison",
+        "boolean",
+        "off_by_one",
+        "wrong_branch",
+        "removed_line",
+    }
     for site in sites:
         bug = mutate(SOURCE, site)
         if bug is None:
@@ -58,8 +64,11 @@ def test_single_point_edits_change_one_line_only(kind, after):
         bug = mutate(SOURCE, site)
         if bug is None or site.kind != kind or after not in bug.source.splitlines():
             continue
-        changed = [ln for ln in difflib.ndiff(SOURCE.splitlines(), bug.source.splitlines())
-                   if ln.startswith(("+ ", "- "))]  # fmt: skip
+        changed = [
+            ln
+            for ln in difflib.ndiff(SOURCE.splitlines(), bug.source.splitlines())
+            if ln.startswith(("+ ", "- "))
+        ]
         assert changed == [f"- {bug_line}" for bug_line in _orig(after)] + [f"+ {after}"]
         return
     pytest.fail(f"no {kind} mutation produced {after!r}")
@@ -89,9 +98,11 @@ def test_every_template_mutation_is_a_local_edit():
             if bug is None:
                 continue
             ok += 1
-            diff = [ln for ln in difflib.ndiff(template.source.splitlines(),
-                                               bug.source.splitlines())
-                    if ln.startswith(("+ ", "- "))]  # fmt: skip
+            diff = [
+                ln
+                for ln in difflib.ndiff(template.source.splitlines(), bug.source.splitlines())
+                if ln.startswith(("+ ", "- "))
+            ]
             removed = [ln for ln in diff if ln.startswith("- ")]
             added = [ln for ln in diff if ln.startswith("+ ")]
             if site.kind == "removed_line":  # the statement's lines go (or become `pass`)

@@ -19,41 +19,75 @@ BUILD = b'[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools
     ("files", "plan", "targets"),
     [
         # pyproject metadata with a test extra (among others): -e .[test]
-        ({"pyproject.toml": BUILD + b'[project]\nname = "a"\n[project.optional-dependencies]\n'
-          b'docs = ["x"]\ntest = ["pytest"]\ndev = ["y"]\n'},
-         InstallPlan(True, ("test",), ()), ["-e", ".[test]"]),
+        (
+            {
+                "pyproject.toml": BUILD
+                + b'[project]\nname = "a"\n[project.optional-dependencies]\n'
+                b'docs = ["x"]\ntest = ["pytest"]\ndev = ["y"]\n'
+            },
+            InstallPlan(True, ("test",), ()),
+            ["-e", ".[test]"],
+        ),
         # extras from setup.cfg; requirement files for tests come along
-        ({"setup.py": b"from setuptools import setup\nsetup()\n",
-          "setup.cfg": b"[metadata]\nname = a\n[options.extras_require]\ntesting = pytest\n",
-          "requirements-test.txt": b"hypothesis\n"},
-         InstallPlan(True, ("testing",), ("requirements-test.txt",)),
-         ["-e", ".[testing]", "-r", "requirements-test.txt"]),
+        (
+            {
+                "setup.py": b"from setuptools import setup\nsetup()\n",
+                "setup.cfg": b"[metadata]\nname = a\n[options.extras_require]\ntesting = pytest\n",
+                "requirements-test.txt": b"hypothesis\n",
+            },
+            InstallPlan(True, ("testing",), ("requirements-test.txt",)),
+            ["-e", ".[testing]", "-r", "requirements-test.txt"],
+        ),
         # setup.py is never run to read extras: its dict keys are found by their text
-        ({"setup.py": b"setup(extras_require={'tests': ['pytest'], 'dev': ['tox']})\n"},
-         InstallPlan(True, ("tests",), ()), ["-e", ".[tests]"]),
+        (
+            {"setup.py": b"setup(extras_require={'tests': ['pytest'], 'dev': ['tox']})\n"},
+            InstallPlan(True, ("tests",), ()),
+            ["-e", ".[tests]"],
+        ),
         # neither test extras nor test files: the dev extra and dev requirements
-        ({"pyproject.toml": BUILD + b'[project]\nname = "a"\n[project.optional-dependencies]\n'
-          b'dev = ["pytest"]\n', "requirements-dev.txt": b"tox\n"},
-         InstallPlan(True, ("dev",), ("requirements-dev.txt",)),
-         ["-e", ".[dev]", "-r", "requirements-dev.txt"]),
+        (
+            {
+                "pyproject.toml": BUILD
+                + b'[project]\nname = "a"\n[project.optional-dependencies]\n'
+                b'dev = ["pytest"]\n',
+                "requirements-dev.txt": b"tox\n",
+            },
+            InstallPlan(True, ("dev",), ("requirements-dev.txt",)),
+            ["-e", ".[dev]", "-r", "requirements-dev.txt"],
+        ),
         # no project metadata (a pyproject.toml of tool settings only): requirement files
-        ({"pyproject.toml": b"[tool.black]\nline-length = 99\n", "requirements.txt": b"numpy\n",
-          "test-requirements.txt": b"pytest\n"},
-         InstallPlan(False, (), ("requirements.txt", "test-requirements.txt")),
-         ["-r", "requirements.txt", "-r", "test-requirements.txt"]),
+        (
+            {
+                "pyproject.toml": b"[tool.black]\nline-length = 99\n",
+                "requirements.txt": b"numpy\n",
+                "test-requirements.txt": b"pytest\n",
+            },
+            InstallPlan(False, (), ("requirements.txt", "test-requirements.txt")),
+            ["-r", "requirements.txt", "-r", "test-requirements.txt"],
+        ),
         # PEP 735 dependency groups (uv projects): their requirements, includes resolved
-        ({"pyproject.toml": BUILD + b'[project]\nname = "a"\n[dependency-groups]\n'
-          b'base = ["freezegun"]\ntests = ["pytest", {include-group = "base"}]\n'
-          b'docs = ["sphinx"]\n'},
-         InstallPlan(True, (), (), ("pytest", "freezegun")), ["-e", ".", "pytest", "freezegun"]),
+        (
+            {
+                "pyproject.toml": BUILD + b'[project]\nname = "a"\n[dependency-groups]\n'
+                b'base = ["freezegun"]\ntests = ["pytest", {include-group = "base"}]\n'
+                b'docs = ["sphinx"]\n'
+            },
+            InstallPlan(True, (), (), ("pytest", "freezegun")),
+            ["-e", ".", "pytest", "freezegun"],
+        ),
         # older projects: tox.ini's [testenv] deps (no factor lines, options or substitutions)
-        ({"setup.py": b"setup()\n", "tox.ini": b"[tox]\nenvlist = py3\n[testenv]\ndeps =\n"
-          b"    pytest-cov\n    freezegun  # time\n    py27: mock\n    -r{toxinidir}/x.txt\n"},
-         InstallPlan(True, (), (), ("pytest-cov", "freezegun")),
-         ["-e", ".", "pytest-cov", "freezegun"]),
+        (
+            {
+                "setup.py": b"setup()\n",
+                "tox.ini": b"[tox]\nenvlist = py3\n[testenv]\ndeps =\n"
+                b"    pytest-cov\n    freezegun  # time\n    py27: mock\n    -r{toxinidir}/x.txt\n",
+            },
+            InstallPlan(True, (), (), ("pytest-cov", "freezegun")),
+            ["-e", ".", "pytest-cov", "freezegun"],
+        ),
         ({}, InstallPlan(False, (), ()), []),  # a plain repository: nothing to install
     ],
-)  # fmt: skip
+)
 def test_install_plan_follows_the_repository_metadata(files, plan, targets):
     assert install_plan(files) == plan
     assert plan.pip_targets() == targets

@@ -59,9 +59,16 @@ def test_apply_changes_refuses_escapes_and_symlinked_parents(base: Path, tmp_pat
     outside = tmp_path / "outside"
     outside.mkdir()
     (work / "linkdir").symlink_to(outside)
-    skipped = apply_changes(work, {"../escape.py": b"1", "/abs.py": b"1",
-                                   "linkdir/x.py": b"1", "pkg": b"1",
-                                   "pkg/a.py": b"x = 3\n"})  # fmt: skip
+    skipped = apply_changes(
+        work,
+        {
+            "../escape.py": b"1",
+            "/abs.py": b"1",
+            "linkdir/x.py": b"1",
+            "pkg": b"1",
+            "pkg/a.py": b"x = 3\n",
+        },
+    )
     assert sorted(skipped) == ["../escape.py", "/abs.py", "linkdir/x.py", "pkg"]
     assert list(outside.iterdir()) == [] and not (tmp_path / "escape.py").exists()
     assert (work / "pkg" / "a.py").read_text() == "x = 3\n"
@@ -94,8 +101,12 @@ def test_grade_cache_keys_on_the_changes_grading_applies(monkeypatch: pytest.Mon
     plain = {"pkg/a.py": b"x = 2\n"}
     # The same edit, plus what grading ignores: an unnormalised path, bytecode, a protected
     # test file, a path escaping the tree.
-    noisy = {"./pkg/a.py": b"x = 2\n", "pkg/__pycache__/a.cpython-311.pyc": b"\0",
-             "tests/test_a.py": b"", "../escape.py": b""}  # fmt: skip
+    noisy = {
+        "./pkg/a.py": b"x = 2\n",
+        "pkg/__pycache__/a.cpython-311.pyc": b"\0",
+        "tests/test_a.py": b"",
+        "../escape.py": b"",
+    }
     assert env.cached_grade(task, plain) == env.cached_grade(task, noisy) == 1
     assert calls == [plain]
 

@@ -12,12 +12,20 @@ from saorl.envs.tool_arithmetic import ToolArithmeticEnv, ToolArithmeticTask, ca
 
 @pytest.mark.parametrize(
     ("expr", "value"),
-    [("37*58", "2146"), ("(2+3)*4", "20"), ("-7//2", "-4"), ("9%4", "1"),
-     ("1/0", "error: unsupported BinOp"),  # true division is not offered
-     ("1//0", "error: division by zero"), ("__import__('os')", "error: unsupported Call"),
-     ("2.5*2", "error: unsupported Constant"), ("9" * 70, "error: expression too long"),
-     ("99999999*99999999", "error: too large"), ("1+", "error: syntax")],
-)  # fmt: skip
+    [
+        ("37*58", "2146"),
+        ("(2+3)*4", "20"),
+        ("-7//2", "-4"),
+        ("9%4", "1"),
+        ("1/0", "error: unsupported BinOp"),  # true division is not offered
+        ("1//0", "error: division by zero"),
+        ("__import__('os')", "error: unsupported Call"),
+        ("2.5*2", "error: unsupported Constant"),
+        ("9" * 70, "error: expression too long"),
+        ("99999999*99999999", "error: too large"),
+        ("1+", "error: syntax"),
+    ],
+)
 def test_calculator(expr, value):
     assert calculate(expr) == value
 

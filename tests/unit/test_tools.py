@@ -16,15 +16,18 @@ from saorl.toolcalls import (
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("let me compute <python>\nprint(2**10)\n</python>",
-         ToolCall("python", {"code": "print(2**10)"})),
-        ("<python>a=1</python> then <python>print(a)</python>",
-         ToolCall("python", {"code": "print(a)"})),
+        (
+            "let me compute <python>\nprint(2**10)\n</python>",
+            ToolCall("python", {"code": "print(2**10)"}),
+        ),
+        (
+            "<python>a=1</python> then <python>print(a)</python>",
+            ToolCall("python", {"code": "print(a)"}),
+        ),
         ("the answer is \\boxed{4}", None),
-        ("<python>print(1)",
-         ToolCallError("unterminated <python> block: close it with </python>")),
+        ("<python>print(1)", ToolCallError("unterminated <python> block: close it with </python>")),
     ],
-)  # fmt: skip
+)
 def test_code_format(text, expected):
     assert parse_tool_call(text, "code") == expected
 
@@ -32,13 +35,17 @@ def test_code_format(text, expected):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
-         ToolCall("python", {"code": "print(1)"})),
-        ('<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"x\\"}"}</tool_call>',
-         ToolCall("python", {"code": "x"})),
+        (
+            '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
+            ToolCall("python", {"code": "print(1)"}),
+        ),
+        (
+            '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"x\\"}"}</tool_call>',
+            ToolCall("python", {"code": "x"}),
+        ),
         ("no call here", None),
     ],
-)  # fmt: skip
+)
 def test_hermes_format(text, expected):
     assert parse_tool_call(text, "hermes") == expected
 
@@ -66,19 +73,25 @@ def test_stop_strings():
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ('{"name": "python", "parameters": {"code": "print(1)"}}',
-         ToolCall("python", {"code": "print(1)"})),
-        ('<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}\n',
-         ToolCall("add", {"a": 1, "b": 2})),
+        (
+            '{"name": "python", "parameters": {"code": "print(1)"}}',
+            ToolCall("python", {"code": "print(1)"}),
+        ),
+        (
+            '<|python_tag|>{"name": "add", "parameters": {"a": 1, "b": 2}}\n',
+            ToolCall("add", {"a": 1, "b": 2}),
+        ),
         ('  {"name": "add", "arguments": {"a": 1}}', ToolCall("add", {"a": 1})),
-        ('{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 1}}',
-         ToolCall("g", {"x": 1})),
+        (
+            '{"name": "f", "parameters": {}}; {"name": "g", "parameters": {"x": 1}}',
+            ToolCall("g", {"x": 1}),
+        ),
         ('{"name": "f", "parameters": "{\\"x\\": 2}"}', ToolCall("f", {"x": 2})),
         ('{"name": "f"}', ToolCall("f", {})),
         ("The answer is \\boxed{4}", None),
-        ('so the set is \\boxed{\\{1, 2\\}}', None),
+        ("so the set is \\boxed{\\{1, 2\\}}", None),
     ],
-)  # fmt: skip
+)
 def test_llama3_format(text, expected):
     assert parse_tool_call(text, "llama3") == expected
 

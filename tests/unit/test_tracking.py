@@ -66,9 +66,13 @@ def _import_mlflow_first() -> None:
 
 @pytest.mark.parametrize(
     ("tracker", "package"),
-    [("tensorboard", "tensorboardX"), ("wandb", "wandb"), ("mlflow", "mlflow"),
-     ("mlflow", "sqlalchemy")],
-)  # fmt: skip
+    [
+        ("tensorboard", "tensorboardX"),
+        ("wandb", "wandb"),
+        ("mlflow", "mlflow"),
+        ("mlflow", "sqlalchemy"),
+    ],
+)
 def test_missing_package_names_the_extra(
     tracker: str, package: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,15 +92,29 @@ def test_mlflow_server_needs_no_sqlalchemy(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def _rows(first: int, last: int, scale: float) -> list[dict]:
-    return [{"step": s, "loss/policy": scale * s, "rollout/reward_mean": s / 10,
-             "loss/value": None if s == 1 else 0.5, "note": "text is not a scalar"}
-            for s in range(first, last + 1)]  # fmt: skip
+    return [
+        {
+            "step": s,
+            "loss/policy": scale * s,
+            "rollout/reward_mean": s / 10,
+            "loss/value": None if s == 1 else 0.5,
+            "note": "text is not a scalar",
+        }
+        for s in range(first, last + 1)
+    ]
 
 
 def _sample(step: int) -> dict:
-    return {"step": step, "index": 0, "prompt": "1+2=", "turns": [{"role": "model", "text": "3"}],
-            "reward": 1.0, "staleness": 0, "stop_reason": "eos",
-            "batch_advantage": {"mean": 0.25}}  # fmt: skip
+    return {
+        "step": step,
+        "index": 0,
+        "prompt": "1+2=",
+        "turns": [{"role": "model", "text": "3"}],
+        "reward": 1.0,
+        "staleness": 0,
+        "stop_reason": "eos",
+        "batch_advantage": {"mean": 0.25},
+    }
 
 
 @pytest.mark.slow
@@ -163,9 +181,18 @@ def _tool_trajectory(tok) -> Trajectory:
     mask = [1] * len(call) + [0] * len(obs) + [1] * (len(answer) + 1)
     versions = [2 if m else -1 for m in mask]
     versions[0] = 1  # the first token was sampled before a weight push
-    return Trajectory(prompt, completion, mask, [0.0] * len(mask), versions, reward=1.0,
-                      stop_reason="answer", prompt_key="6*7", group_id=3,
-                      info={"turns": 2, "tool_calls": 1, "trace": [1, 2]})  # fmt: skip
+    return Trajectory(
+        prompt,
+        completion,
+        mask,
+        [0.0] * len(mask),
+        versions,
+        reward=1.0,
+        stop_reason="answer",
+        prompt_key="6*7",
+        group_id=3,
+        info={"turns": 2, "tool_calls": 1, "trace": [1, 2]},
+    )
 
 
 def test_sample_rows_decode_every_turn() -> None:
@@ -176,16 +203,32 @@ def test_sample_rows_decode_every_turn() -> None:
         {"role": "observation", "text": "[42]"},
         {"role": "model", "text": "42<eos>"},
     ]
-    row = sample_row(tok, traj, step=7, index=1, staleness=2,
-                     batch_metrics={"advantage/mean": 0.5, "loss/policy": 1.0},
-                     advantage={"mean": 0.25, "min": -1.0, "max": 2.0})  # fmt: skip
+    row = sample_row(
+        tok,
+        traj,
+        step=7,
+        index=1,
+        staleness=2,
+        batch_metrics={"advantage/mean": 0.5, "loss/policy": 1.0},
+        advantage={"mean": 0.25, "min": -1.0, "max": 2.0},
+    )
     assert row == {
-        "step": 7, "index": 1, "prompt": "6*7=", "turns": split_turns(tok, traj),
-        "reward": 1.0, "staleness": 2, "stop_reason": "answer", "prompt_key": "6*7",
-        "group_id": 3, "action_tokens": 19, "observation_tokens": 4, "versions": [1, 2],
+        "step": 7,
+        "index": 1,
+        "prompt": "6*7=",
+        "turns": split_turns(tok, traj),
+        "reward": 1.0,
+        "staleness": 2,
+        "stop_reason": "answer",
+        "prompt_key": "6*7",
+        "group_id": 3,
+        "action_tokens": 19,
+        "observation_tokens": 4,
+        "versions": [1, 2],
         "info": {"turns": 2, "tool_calls": 1},
-        "advantage": {"mean": 0.25, "min": -1.0, "max": 2.0}, "batch_advantage": {"mean": 0.5},
-    }  # fmt: skip
+        "advantage": {"mean": 0.25, "min": -1.0, "max": 2.0},
+        "batch_advantage": {"mean": 0.5},
+    }
     assert render_transcript(row) == (
         "[prompt]\n6*7=\n[model]\n<calc>6*7</calc>\n[observation]\n[42]\n[model]\n42<eos>"
     )
@@ -217,10 +260,15 @@ def test_per_row_advantages_travel_in_the_metrics_and_come_out_before_logging() 
     rows = pop_row_advantages(metrics)
     assert metrics == {"loss/policy": 0.1}
     # Observation tokens (mask 0) never count; a row with no action tokens reports nothing.
-    assert rows == {0: {"mean": 0.5, "min": -1.0, "max": 2.0},
-                    1: {"mean": 3.0, "min": 3.0, "max": 3.0}}  # fmt: skip
+    assert rows == {
+        0: {"mean": 0.5, "min": -1.0, "max": 2.0},
+        1: {"mean": 3.0, "min": 3.0, "max": 3.0},
+    }
     assert row_advantages(adv, mask, rows=1).keys() == {
-        "sample/advantage_mean/0", "sample/advantage_min/0", "sample/advantage_max/0"}  # fmt: skip
+        "sample/advantage_mean/0",
+        "sample/advantage_min/0",
+        "sample/advantage_max/0",
+    }
 
 
 def test_mlflow_metric_names_are_made_acceptable():

@@ -63,8 +63,9 @@ class FakeLLM:
                 if st["n"] >= st["params"]["max_tokens"]
                 else None
             )
-            c = SimpleNamespace(token_ids=[tok], logprobs=[_lp(tok, -(k + 1) / 10)],
-                                finish_reason=reason)  # fmt: skip
+            c = SimpleNamespace(
+                token_ids=[tok], logprobs=[_lp(tok, -(k + 1) / 10)], finish_reason=reason
+            )
             outs.append(SimpleNamespace(request_id=rid, outputs=[c], finished=reason is not None))
             if reason is not None:
                 del self.running[rid]
@@ -90,9 +91,13 @@ class FakeLLM:
 def _engine(script: dict[str, list[int]], **kw) -> tuple[VLLMEngine, FakeLLM]:
     llm = FakeLLM(script)
     eng = VLLMEngine(
-        llm, TOK, make_params=lambda **p: p, make_prompt=lambda ids: ids,
-        max_seq_len=kw.pop("max_seq_len", 32), **kw,
-    )  # fmt: skip
+        llm,
+        TOK,
+        make_params=lambda **p: p,
+        make_prompt=lambda ids: ids,
+        max_seq_len=kw.pop("max_seq_len", 32),
+        **kw,
+    )
     return eng, llm
 
 
@@ -165,8 +170,9 @@ def test_abort_all_returns_partial_completions_and_close_shuts_down_last(monkeyp
     eng.step()
     out = eng.abort_all()
     assert [(c.token_ids, c.finish_reason, c.versions) for c in out] == [
-        (_ids("a"), "aborted", [0]), (_ids("u"), "aborted", [0])
-    ]  # fmt: skip
+        (_ids("a"), "aborted", [0]),
+        (_ids("u"), "aborted", [0]),
+    ]
     assert ("abort", ["1", "2"]) in llm.calls and eng.step() == []
     other, other_llm = _engine({})
     eng.close()

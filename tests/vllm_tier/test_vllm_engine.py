@@ -19,10 +19,19 @@ from tests.vllm_tier._marks import VLLM_TIER
 pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads.
-MODEL = ["model.hidden_size=64", "model.num_heads=2", "model.num_kv_heads=1",
-         "model.intermediate_size=128", "model.max_seq_len=48"]  # fmt: skip
-ENGINE = ["rollout.engine=vllm", "rollout.vllm_enforce_eager=true",
-          "rollout.vllm_kv_cache_gib=0.0625", "rollout.max_concurrent=8"]  # fmt: skip
+MODEL = [
+    "model.hidden_size=64",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=128",
+    "model.max_seq_len=48",
+]
+ENGINE = [
+    "rollout.engine=vllm",
+    "rollout.vllm_enforce_eager=true",
+    "rollout.vllm_kv_cache_gib=0.0625",
+    "rollout.max_concurrent=8",
+]
 # Same float32 weights and math, different kernels (vLLM's CPU attention and GEMMs against
 # transformers' eager path): measured up to ~2e-6 here; 1e-4 leaves room for other CPUs.
 ATOL = 1e-4

@@ -26,11 +26,20 @@ pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads. A large learning rate
 # moves the adapters far enough in three steps that a push visibly changes the log-probs.
-CFG = ["model.hidden_size=64", "model.num_heads=2", "model.num_kv_heads=1",
-       "model.intermediate_size=128", "model.max_seq_len=48", "model.lora_rank=4",
-       "model.lora_alpha=8", "learner.lr=0.01", "critic.warmup_steps=0",
-       "rollout.engine=vllm", "rollout.vllm_enforce_eager=true",
-       "rollout.vllm_kv_cache_gib=0.0625"]  # fmt: skip
+CFG = [
+    "model.hidden_size=64",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=128",
+    "model.max_seq_len=48",
+    "model.lora_rank=4",
+    "model.lora_alpha=8",
+    "learner.lr=0.01",
+    "critic.warmup_steps=0",
+    "rollout.engine=vllm",
+    "rollout.vllm_enforce_eager=true",
+    "rollout.vllm_kv_cache_gib=0.0625",
+]
 ATOL = 1e-4  # float32, vLLM's kernels against transformers' (tests/vllm_tier/test_vllm_engine.py)
 
 

@@ -25,13 +25,21 @@ from tests.vllm_tier._marks import VLLM_TIER
 pytestmark = VLLM_TIER
 
 # vLLM's CPU attention needs a head size of at least 32: 64 wide, 2 heads.
-MOE = ["model.arch=qwen3_moe", "model.hidden_size=64", "model.num_heads=2",
-       "model.num_kv_heads=1", "model.intermediate_size=32", "model.num_experts=8",
-       "model.num_experts_per_tok=2", "model.max_seq_len=48", "critic.warmup_steps=0",
-       "learner.batch_size=16", "learner.micro_batch_size=16",
-       "algorithm.routing_replay=true"]  # fmt: skip
-ENGINE = ["rollout.engine=vllm", "rollout.vllm_kv_cache_gib=0.0625",
-          "rollout.max_concurrent=16"]  # fmt: skip
+MOE = [
+    "model.arch=qwen3_moe",
+    "model.hidden_size=64",
+    "model.num_heads=2",
+    "model.num_kv_heads=1",
+    "model.intermediate_size=32",
+    "model.num_experts=8",
+    "model.num_experts_per_tok=2",
+    "model.max_seq_len=48",
+    "critic.warmup_steps=0",
+    "learner.batch_size=16",
+    "learner.micro_batch_size=16",
+    "algorithm.routing_replay=true",
+]
+ENGINE = ["rollout.engine=vllm", "rollout.vllm_kv_cache_gib=0.0625", "rollout.max_concurrent=16"]
 LAYERS, K = 2, 2
 # The same prompt several times (a group): each copy is computed, none read from the cache.
 PROMPTS = [f"{i}+{2 * i}=" for i in range(12)] + ["1234567890+98765432=" for _ in range(4)]
@@ -131,9 +139,17 @@ def _batch(completions, tok) -> Batch:
     trajs = []
     for c in completions:
         k, total = len(c.token_ids), len(c.request.prompt_ids) + len(c.token_ids)
-        trajs.append(Trajectory(c.request.prompt_ids, c.token_ids, [1] * k, c.logprobs,
-                                c.versions, reward=float(k % 2),
-                                routing=fit_routing(c.routing, total)))  # fmt: skip
+        trajs.append(
+            Trajectory(
+                c.request.prompt_ids,
+                c.token_ids,
+                [1] * k,
+                c.logprobs,
+                c.versions,
+                reward=float(k % 2),
+                routing=fit_routing(c.routing, total),
+            )
+        )
     return Batch.from_trajectories(trajs, tok.pad_token_id)
 
 
@@ -150,8 +166,10 @@ def _step(policy, batch: Batch, replay: bool, perturb: float = 0.0) -> dict:
 
 
 def _figures(m: dict) -> str:
-    return (f"k3={m['mismatch/k3']:.3g} max_abs={m['mismatch/max_abs_logprob_diff']:.3g} "
-            f"changed={m.get('routing/changed_frac')}")  # fmt: skip
+    return (
+        f"k3={m['mismatch/k3']:.3g} max_abs={m['mismatch/max_abs_logprob_diff']:.3g} "
+        f"changed={m.get('routing/changed_frac')}"
+    )
 
 
 def test_replay_of_vllm_routing_reduces_the_logprob_mismatch(fresh, policies):

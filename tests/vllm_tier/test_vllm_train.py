@@ -30,14 +30,33 @@ MODEL = [
 )
 def test_saorl_train_with_the_vllm_engine(tmp_path: Path, lora: list[str]):
     out = subprocess.run(
-        [sys.executable, "-m", "saorl", "train", f"run.output_dir={tmp_path}", "run.name=v",
-         "run.total_steps=4", "run.eval_every=0", "run.progress=false", "run.torch_threads=1",
-         "learner.sft_steps=20", "learner.batch_size=8", "learner.max_staleness=1",
-         "critic.warmup_steps=1", "env.eval_size=8",
-         *MODEL, *lora, "rollout.engine=vllm", "rollout.vllm_enforce_eager=true",
-         "rollout.vllm_kv_cache_gib=0.0625", "rollout.temperature=0.8"],
-        capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "saorl",
+            "train",
+            f"run.output_dir={tmp_path}",
+            "run.name=v",
+            "run.total_steps=4",
+            "run.eval_every=0",
+            "run.progress=false",
+            "run.torch_threads=1",
+            "learner.sft_steps=20",
+            "learner.batch_size=8",
+            "learner.max_staleness=1",
+            "critic.warmup_steps=1",
+            "env.eval_size=8",
+            *MODEL,
+            *lora,
+            "rollout.engine=vllm",
+            "rollout.vllm_enforce_eager=true",
+            "rollout.vllm_kv_cache_gib=0.0625",
+            "rollout.temperature=0.8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-4000:]
     run = tmp_path / "v"
     summary = json.loads((run / "summary.json").read_text())
