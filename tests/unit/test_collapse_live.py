@@ -20,7 +20,7 @@ BATCH = 64
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "collapse_lr1e-3_metrics.jsonl"
 SIGNALS = ("reward_crash", "eval_drop", "entropy_collapse", "entropy_explosion",
            "length_collapse", "length_explosion", "grad_norm_spike", "kl_spike",
-           "mismatch_spike", "masked_frac_spike")  # fmt: skip
+           "mismatch_spike", "masked_frac_spike", "ess_collapse", "mismatch_rise")  # fmt: skip
 
 
 def _batch_reward(rng: random.Random, p: float) -> float:
