@@ -246,7 +246,7 @@ class CollapseConfig(_Section):
         "SAO run's dis/masked_frac swings between 0.01 and 0.12 from step to step)",
     )
     ess_low: float = Field(
-        0.3,
+        0.85,
         ge=0,
         le=1,
         description="ESS collapse: corr/ess_raw (normalised effective sample size of the "
