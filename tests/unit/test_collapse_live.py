@@ -18,9 +18,20 @@ from saorl.monitoring.collapse import CollapseDetector, detect_collapse
 
 BATCH = 64
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "collapse_lr1e-3_metrics.jsonl"
-SIGNALS = ("reward_crash", "eval_drop", "entropy_collapse", "entropy_explosion",
-           "length_collapse", "length_explosion", "grad_norm_spike", "kl_spike",
-           "mismatch_spike", "masked_frac_spike")  # fmt: skip
+SIGNALS = (
+    "reward_crash",
+    "eval_drop",
+    "entropy_collapse",
+    "entropy_explosion",
+    "length_collapse",
+    "length_explosion",
+    "grad_norm_spike",
+    "kl_spike",
+    "mismatch_spike",
+    "masked_frac_spike",
+    "ess_collapse",
+    "mismatch_rise",
+)
 
 
 def _batch_reward(rng: random.Random, p: float) -> float:
@@ -152,8 +163,10 @@ def test_reward_crash_is_scale_free(scale: float, shift: float) -> None:
     first = _feed(_crash(scale, shift)).first
     assert reference is not None and first is not None
     assert (first["signal"], first["step"], first["detected_step"]) == (
-        "reward_crash", reference["step"], reference["detected_step"]
-    )  # fmt: skip
+        "reward_crash",
+        reference["step"],
+        reference["detected_step"],
+    )
     assert 160 <= first["step"] <= 175
     for seed in range(5):
         assert _feed(_crash(scale, shift, seed=seed, crash=False)).first is None
@@ -225,21 +238,92 @@ def test_thresholds_come_from_the_config() -> None:
 # 20-step moving average of rollout/reward_mean (points every ~25 steps) and the held-out
 # accuracy every 100 steps. The per-step rewards are not in the repository, so each step's
 # reward is a batch of 64 drawn around that curve.
-GRPO_REWARD_MA = [(0, .229), (24, .213), (47, .165), (71, .108), (87, .083), (98, .133),
-                  (114, .141), (142, .108), (165, .141), (189, .161), (205, .133), (220, .113),
-                  (244, .125), (268, .141), (291, .153), (315, .133), (339, .117), (362, .133),
-                  (386, .157), (406, .190), (425, .157), (441, .121), (465, .165), (484, .190),
-                  (504, .149), (524, .108), (543, .149), (567, .173), (598, .161), (622, .157),
-                  (646, .218), (669, .190), (701, .234), (724, .165), (748, .133), (772, .161),
-                  (791, .161), (806, .083), (827, .149), (843, .087), (870, .194), (898, .165),
-                  (925, .190), (957, .121), (984, .165), (1000, .210)]  # fmt: skip
+GRPO_REWARD_MA = [
+    (0, 0.229),
+    (24, 0.213),
+    (47, 0.165),
+    (71, 0.108),
+    (87, 0.083),
+    (98, 0.133),
+    (114, 0.141),
+    (142, 0.108),
+    (165, 0.141),
+    (189, 0.161),
+    (205, 0.133),
+    (220, 0.113),
+    (244, 0.125),
+    (268, 0.141),
+    (291, 0.153),
+    (315, 0.133),
+    (339, 0.117),
+    (362, 0.133),
+    (386, 0.157),
+    (406, 0.190),
+    (425, 0.157),
+    (441, 0.121),
+    (465, 0.165),
+    (484, 0.190),
+    (504, 0.149),
+    (524, 0.108),
+    (543, 0.149),
+    (567, 0.173),
+    (598, 0.161),
+    (622, 0.157),
+    (646, 0.218),
+    (669, 0.190),
+    (701, 0.234),
+    (724, 0.165),
+    (748, 0.133),
+    (772, 0.161),
+    (791, 0.161),
+    (806, 0.083),
+    (827, 0.149),
+    (843, 0.087),
+    (870, 0.194),
+    (898, 0.165),
+    (925, 0.190),
+    (957, 0.121),
+    (984, 0.165),
+    (1000, 0.210),
+]
 GRPO_EVAL = [0.217, 0.140, 0.102, 0.160, 0.179, 0.082, 0.134, 0.115, 0.056, 0.131, 0.175]
-SAO_REWARD_MA = [(0, .229), (47, .225), (98, .245), (150, .265), (181, .30), (201, .267),
-                 (224, .344), (252, .32), (283, .304), (323, .32), (354, .38), (386, .36),
-                 (417, .356), (449, .38), (488, .38), (520, .39), (551, .39), (575, .39),
-                 (598, .44), (630, .462), (657, .43), (677, .457), (709, .474), (732, .466),
-                 (764, .54), (787, .50), (815, .50), (831, .54), (858, .52), (882, .474),
-                 (913, .52), (953, .55), (969, .557), (984, .52), (1000, .53)]  # fmt: skip
+SAO_REWARD_MA = [
+    (0, 0.229),
+    (47, 0.225),
+    (98, 0.245),
+    (150, 0.265),
+    (181, 0.30),
+    (201, 0.267),
+    (224, 0.344),
+    (252, 0.32),
+    (283, 0.304),
+    (323, 0.32),
+    (354, 0.38),
+    (386, 0.36),
+    (417, 0.356),
+    (449, 0.38),
+    (488, 0.38),
+    (520, 0.39),
+    (551, 0.39),
+    (575, 0.39),
+    (598, 0.44),
+    (630, 0.462),
+    (657, 0.43),
+    (677, 0.457),
+    (709, 0.474),
+    (732, 0.466),
+    (764, 0.54),
+    (787, 0.50),
+    (815, 0.50),
+    (831, 0.54),
+    (858, 0.52),
+    (882, 0.474),
+    (913, 0.52),
+    (953, 0.55),
+    (969, 0.557),
+    (984, 0.52),
+    (1000, 0.53),
+]
 SAO_EVAL = [0.217, 0.226, 0.320, 0.364, 0.327, 0.410, 0.440, 0.487, 0.520, 0.544, 0.533]
 
 

@@ -120,6 +120,19 @@ class CollapseConfig(_Section):
         description="fraction of tokens added to the masked-fraction threshold (the default "
         "SAO run's dis/masked_frac swings between 0.01 and 0.12 from step to step)",
     )
+    ess_low: float = Field(
+        0.85,
+        ge=0,
+        le=1,
+        description="ESS collapse: corr/ess_raw (normalised effective sample size of the "
+        "importance ratios, 1 = on-policy) below this; 0 = off",
+    )
+    gap_rise: float = Field(
+        10.0,
+        ge=0,
+        description="mismatch rise: moving average of gap/k3_stale0 (or mismatch/k3; learner vs "
+        "engine on the same weights) above this x its initial level + mismatch_floor; 0 = off",
+    )
 
     @field_validator(
         "entropy_high", "length_high", "grad_norm_spike", "kl_spike", "masked_frac_spike"

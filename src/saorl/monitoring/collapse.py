@@ -46,6 +46,14 @@ Signals (`collapse/<name>`), one rule each:
   staleness: k3 grows with the square of the policy's change) crossed it. Against the run's
   own excursions the rule is scale-free like the reward rule (KL x4 throughout fires nothing
   new), and a collapse stands out as far: VAPO's 7.26 nats is 128x its threshold.
+- `ess_collapse`: `corr/ess_raw`, the normalised effective sample size of the importance
+  ratios (trainer over engine, staleness included; 1 = on-policy), below `ess_low`: most of
+  the batch's weight sits on a few tokens, so any importance-weighted update is mostly noise.
+- `mismatch_rise`: the moving average of `gap/k3_stale0` (or `mismatch/k3`: the learner
+  against the engine on the tokens sampled with the learner's own weights, i.e. mismatch
+  without policy lag) above `gap_rise` x its initial level + `mismatch_floor`. Unlike
+  `mismatch_spike`, which judges a value against the recent median, this sees a slow climb
+  (an engine drifting from the trainer as the weights move), which a median follows.
 
 A rule fires when it holds on `patience` consecutive logged values of its metric, or a spike at
 once when its value is more than `spike_instant` x its threshold (VAPO on the tool task took one
@@ -79,6 +87,8 @@ KL_KEYS = ("dis/kl_k3", "ppo/kl_k3")
 K3_QUANTILE = 0.9
 MISMATCH_KEY = "mismatch/k3"
 MASKED_KEYS = ("dis/masked_frac", "ppo/clip_frac")
+ESS_KEY = "corr/ess_raw"
+GAP_KEYS = ("gap/k3_stale0", MISMATCH_KEY)  # staleness 0: pure mismatch
 DETECTED = "collapse/detected"
 
 Finding = dict[str, Any]
@@ -194,6 +204,48 @@ class _Shrink(_Smoothed):
             f"{metric} (moving avg {self.window}) fell to {value:.3g}, below {self.frac:g} x "
             f"its initial {self.initial:.3g} ({threshold:.3g})"
         )
+
+
+class _Grow(_Smoothed):
+    """Moving average above `factor` x the initial level + `floor` (a slow rise, not a spike)."""
+
+    def __init__(
+        self, name: str, keys: tuple[str, ...], factor: float, floor: float, cfg: CollapseConfig
+    ) -> None:
+        super().__init__(name, keys, cfg)
+        self.factor, self.floor = factor, floor
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        mean = self.smooth(value)
+        if mean is None or self.initial is None or self.factor <= 0:
+            return None, False, math.nan, value
+        threshold = self.factor * max(self.initial, 0.0) + self.floor
+        if threshold <= self.initial:  # no floor and a level of 0: no scale to judge by
+            return 0.0, False, threshold, mean
+        return _score(mean, self.initial, threshold), mean > threshold, threshold, mean
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        floor = f" + {self.floor:g}" if self.floor else ""
+        return (
+            f"{metric} (moving avg {self.window}) rose to {value:.4g}, above {self.factor:g} x "
+            f"its initial {self.initial:.4g}{floor}"
+        )
+
+
+class _Below(_Rule):
+    """Raw value below a fixed bound, 1 being the ideal (a normalised effective sample size)."""
+
+    def __init__(self, name: str, keys: tuple[str, ...], bound: float, cfg: CollapseConfig) -> None:
+        super().__init__(name, keys, cfg.patience)
+        self.bound = bound
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        if self.bound <= 0:
+            return None, False, math.nan, value
+        return _score(value, 1.0, self.bound), value < self.bound, self.bound, value
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        return f"{metric} fell to {value:.3g}, below {threshold:g} for {self.patience} steps"
 
 
 class _RewardCrash(_Smoothed):
@@ -327,6 +379,8 @@ class CollapseDetector:
             _Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c, K3_QUANTILE),
             _Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c, K3_QUANTILE),
             _Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
+            _Below("ess_collapse", (ESS_KEY,), c.ess_low, c),
+            _Grow("mismatch_rise", GAP_KEYS, c.gap_rise, c.mismatch_floor, c),
         ]
         self.first: Finding | None = None
         self._rows = 0
