@@ -26,8 +26,15 @@ def test_every_lab_arm_validates_with_forced_staleness() -> None:
     lab = _lab()
     arms = parse_arms(split_arms(",".join(lab.ARMS)))
     assert [a.name for a in arms] == [
-        "sao", "grpo", "grpo_dis", "vapo", "grpo+tis", "grpo+icepop", "grpo+seq_mis", "sao+tis"
-    ]  # fmt: skip
+        "sao",
+        "grpo",
+        "grpo_dis",
+        "vapo",
+        "grpo+tis",
+        "grpo+icepop",
+        "grpo+seq_mis",
+        "sao+tis",
+    ]
     shared = ['model.name_or_path="runs/lab_rg/warm"', "learner.sft_steps=0"]
     corrections = {}
     for arm in arms:
