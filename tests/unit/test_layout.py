@@ -42,7 +42,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # envs: the built-in arithmetic task, the one object a checkpoint may hold
     "checkpoint": {"config", "faults", "envs"},
     "models": {"config", "types", "learner"},  # learner: the type of lora's Sharding argument
-    "envs": {"config", "sandbox", "toolcalls", "rollout"},
+    "envs": {"config", "sandbox", "toolcalls"},
     "rollout": {"config", "envs", "models", "checkpoint", "interfaces", "toolcalls", "types"},
     "evaluation": {"config", "envs", "models", "monitoring", "rollout", "checkpoint", "types"},
     "learner": {
@@ -55,11 +55,10 @@ MAY_IMPORT: dict[str, set[str]] = {
         *("signals", "types"),
     },
 }
-# Where rollout/ and envs/ meet, besides the formats in saorl.toolcalls: the environment protocol,
-# and the exception an agent program's failed episode raises (defined beside the runs).
+# Where rollout/ meets envs/, besides the formats in saorl.toolcalls: the environment protocol
+# (with the exception an agent program's failed episode raises). envs/ imports nothing of rollout/.
 BETWEEN = {
     ("rollout", "envs"): {"saorl.envs.base"},
-    ("envs", "rollout"): {"saorl.rollout.agent_runs"},
 }
 # module -> modules (and their submodules) that importing it must not load
 BOUNDARIES = {

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
+from saorl.envs.base import AgentFailure
 from saorl.envs.verifiers_env import Runner
-from saorl.rollout.agent_runs import AgentFailure
 
 # Replies out of order; index 7 fails; index 8 never ends; index 9 kills the process; the ids
 # of cancelled episodes are written to the file named by argv[1].

@@ -39,9 +39,8 @@ from collections.abc import Callable
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.base import Env, EnvSpec
+from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
-from saorl.rollout.agent_runs import AgentFailure
 
 MODEL_NAME = "policy"  # the name the endpoint serves
 

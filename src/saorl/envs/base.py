@@ -93,3 +93,12 @@ class TaskList:
         if not self.train:
             raise ValueError("TaskList: no training tasks to sample")
         return rng.choice(self.train)
+
+
+class AgentFailure(Exception):
+    """An agent program failed its episode; `reason` is the counted kind. Raised by agent
+    programs (envs/) and by the runs that serve them (rollout/), so it lives with the protocol."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason

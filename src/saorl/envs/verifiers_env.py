@@ -35,9 +35,8 @@ from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.agent import MODEL_NAME, AgentProgram, _read_result
-from saorl.envs.base import EnvSpec, TaskList
+from saorl.envs.base import AgentFailure, EnvSpec, TaskList
 from saorl.envs.data.files import held_out_size
-from saorl.rollout.agent_runs import AgentFailure
 
 RUNNER = "saorl.envs.verifiers_runner"
 # For a tokenizer without a chat template (the built-in char model): one line, no newlines

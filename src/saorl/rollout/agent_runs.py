@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from typing import Any
 
-from saorl.envs.base import task_key
+from saorl.envs.base import AgentFailure, task_key
 from saorl.rollout.agent import Episode
 from saorl.rollout.agent_record import AgentSession
 from saorl.rollout.endpoint import TrainingEndpoint
@@ -29,14 +29,6 @@ from saorl.rollout.endpoint import TrainingEndpoint
 # The longest a call is held for others before it goes to the engine, in engine steps.
 MAX_HOLD_STEPS = 8
 _frozen = False
-
-
-class AgentFailure(Exception):
-    """An agent program failed its episode; `reason` is the counted kind."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
 
 
 class AgentRuns:
