@@ -24,7 +24,7 @@ def engines_asked(monkeypatch):
         hf = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
         return build_engine(hf, policy, tokenizer, **kw)
 
-    monkeypatch.setattr(saorl.evaluation, "build_engine", spy)
+    monkeypatch.setattr(saorl.evaluation.evaluation, "build_engine", spy)
     return asked
 
 
