@@ -18,6 +18,8 @@ from saorl.envs.verifiers_env import Runner
 STAND_IN = r"""
 import json, sys, threading, time
 print("not a reply: a library printing to stdout", flush=True)
+lock = threading.Lock()  # whole lines, as the runner's one event loop writes them: print() from
+# threads writes the text and its newline apart, and two replies on one line are lost
 def answer(req):
     time.sleep(0.2 if req["index"] == 1 else 0.0)
     i = req["index"]
@@ -26,7 +28,9 @@ def answer(req):
     else:
         result = {"reward": i / 10, "env/index": i, "url": req["base_url"]}
         out = {"id": req["id"], "result": result}
-    print(json.dumps(out), flush=True)
+    with lock:
+        sys.stdout.write(json.dumps(out) + "\n")
+        sys.stdout.flush()
 for line in sys.stdin:
     req = json.loads(line)
     if "cancel" in req:
