@@ -88,6 +88,7 @@ def _train(
     warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run_plan)
     # The run folder, locked against a second writer until the run ends (`saorl.run_lock`)
     run_dir = held.enter_context(claim_run_dir(Path(cfg.run.output_dir), cfg.run.name, resume))
+    cfg.env._run_dir = str(run_dir.resolve())  # agent programs' own files go in it (envs/agent.py)
     prompt_rng = random.Random(cfg.run.seed)
     started, extra = 0, {}
     state = None

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import socket
+import sys
 import uuid
 from pathlib import Path
 
 import pytest
 
+import saorl.envs.swe
 from saorl.envs.swe.agent_shell import AgentWorkspace
 from saorl.envs.swe.env import SweEnv
 from saorl.envs.swe.gen.generator import generate_pool
@@ -139,3 +142,32 @@ def test_swe_tasks_take_command_agents_only(tmp_path):
     cfg = EnvConfig(name="agent", agent_tasks="swe", agent="my_agent.py:run")
     with pytest.raises(ConfigError, match="runs command agents"):
         build_env(cfg)
+
+
+SHOW_ENV = (
+    "import json, os; print(json.dumps({'home': os.environ.get('SAORL_AGENT_HOME', ''), "
+    "'runner': os.environ['SAORL_MINISWE_RUNNER']}))"
+)
+
+
+@pytest.mark.parametrize("in_run", [True, False], ids=["training-run", "no-run"])
+def test_a_command_gets_the_runner_and_a_folder_in_the_run(task, tmp_path, in_run):
+    from saorl.config import EnvConfig
+    from saorl.envs.agent import AgentProgram
+
+    command = f"{sys.executable} -c {shlex.quote(SHOW_ENV)}"
+    cfg = EnvConfig(name="agent", agent_tasks="swe", agent_command=command)
+    run_dir = tmp_path / "run"
+    if in_run:
+        cfg._run_dir = str(run_dir)  # as `saorl train` sets it (saorl.loop)
+    work = tmp_path / "work"
+    program = AgentProgram(cfg, None, lambda: SweEnv("hermes", work_dir=work), None)
+    reward, info = asyncio.run(program.run(task, "http://127.0.0.1:9/v1", "key", lambda: []))
+    assert reward == 0.0 and info["submitted"] == "agent"  # graded: the copy is unchanged
+    runner = Path(info["agent/runner"])  # shipped in the package, a script for mini's venv
+    assert runner.is_file() and runner.name == "miniswe_runner.py"
+    assert runner.parent == Path(saorl.envs.swe.__file__).parent
+    if in_run:  # mini-swe-agent's config dir goes in the run folder, kept after the episode
+        assert info["agent/home"] == str(run_dir / "agents") and (run_dir / "agents").is_dir()
+    else:  # `saorl eval`: no run folder; the runner uses the episode's private folder
+        assert info["agent/home"] == "" and not run_dir.exists()

@@ -20,22 +20,25 @@ import pytest
 from saorl.config import EnvConfig
 from saorl.envs.factory import build_env
 from tests._chat_stub import ChatStub
-from tests.miniswe_tier._marks import MINISWE_TIER, PYTHON, RUNNER
+from tests.miniswe_tier._marks import MINISWE_TIER, PYTHON
 
 pytestmark = MINISWE_TIER
 
 
-def _program(tmp_path: Path, *args: str):
+def _program(tmp_path: Path, *args: str, run_dir: Path | None = None):
     cfg = EnvConfig(
         name="agent",
         agent_tasks="swe",
-        agent_command=" ".join([PYTHON, str(RUNNER), *args]),
+        # the runner saorl ships, named as examples/swe_mini_agent.toml names it
+        agent_command=" ".join([PYTHON, '"$SAORL_MINISWE_RUNNER"', *args]),
         swe_source="generated",
         swe_num_tasks=1,
         eval_size=1,
         swe_cache_dir=str(tmp_path / "cache"),
         swe_test_timeout_s=5.0,
     )
+    if run_dir is not None:
+        cfg._run_dir = str(run_dir)  # as `saorl train` sets it (saorl.loop)
     spec = build_env(cfg, held_out_only=True)
     return spec.make_env(), spec.task.held_out[0]
 
@@ -68,7 +71,8 @@ def test_commands_run_in_the_sandbox_and_the_copy_is_graded(tmp_path, monkeypatc
     monkeypatch.setenv("HOME", str(home))  # mini-swe-agent must not write to the user's home
     for var in ("XDG_CONFIG_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME"):
         monkeypatch.delenv(var, raising=False)
-    program, task = _program(tmp_path)
+    run_dir = tmp_path / "run"
+    program, task = _program(tmp_path, run_dir=run_dir)
     path, old, new = task.edit
     probe = f"/tmp/saorl-miniswe-{uuid.uuid4().hex}"
     secret = tmp_path / "host-secret.txt"
@@ -102,6 +106,7 @@ def test_commands_run_in_the_sandbox_and_the_copy_is_graded(tmp_path, monkeypatc
     assert probe in second and "No such file or directory" in second  # host files are not there
     assert seen[0]["model"] == "policy" and seen[0]["tools"][0]["function"]["name"] == "bash"
     assert list(home.iterdir()) == []
+    assert (run_dir / "agents" / "mini-swe-agent").is_dir()  # its config dir: the run folder's
 
 
 def test_a_model_that_never_answers_is_stopped_by_the_timeout(tmp_path):

@@ -1,7 +1,9 @@
 """`saorl train` on examples/swe_mini_agent.toml for 2 steps with the tiny model: every episode
 is a run of mini-swe-agent (in .venv-miniswe) against the training endpoint, graded by the coding
 env's grader. The tiny model writes no tool call, so mini-swe-agent stops at its third format
-error: each episode is a graded, zero-reward one with its exit status recorded, never a crash."""
+error: each episode is a graded, zero-reward one with its exit status recorded, never a crash.
+The runner is the one saorl ships, named as the example names it ($SAORL_MINISWE_RUNNER), and
+mini-swe-agent's config dir is in the run folder."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import subprocess
 import sys
 
-from tests.miniswe_tier._marks import MINISWE_TIER, PYTHON, ROOT, RUNNER
+from tests.miniswe_tier._marks import MINISWE_TIER, PYTHON, ROOT
 
 pytestmark = MINISWE_TIER
 
@@ -22,7 +24,7 @@ def test_the_example_trains_two_steps_through_mini_swe_agent(tmp_path):
     # saorl's report plots with matplotlib, which keeps a font cache in the home: elsewhere
     env.update(HOME=str(home), MPLCONFIGDIR=str(tmp_path / "mpl"))
     args = [
-        f"env.agent_command={PYTHON} {RUNNER}",
+        f'env.agent_command={PYTHON} "$SAORL_MINISWE_RUNNER"',  # the example's, its venv here
         f"env.swe_cache_dir={tmp_path / 'cache'}",
         f"run.output_dir={tmp_path / 'runs'}",
         "env.swe_num_tasks=1",
@@ -56,3 +58,4 @@ def test_the_example_trains_two_steps_through_mini_swe_agent(tmp_path):
         assert info["submitted"] == "agent" and info["resolved"] is False  # graded by saorl
         assert info["fail_to_pass_total"] >= 1 and info["patch"] == ""  # nothing changed
     assert list(home.iterdir()) == []  # nothing of mini-swe-agent (or saorl) in the home
+    assert (run / "agents" / "mini-swe-agent").is_dir()  # its config dir: in the run folder

@@ -6,8 +6,9 @@
 The program owns its loop and calls the model through the training endpoint of the worker that
 runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
 `openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
-`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL` and `SAORL_WORKER` (the rollout worker's
-name) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
+`OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `SAORL_WORKER` (the rollout worker's
+name) and, in a training run, `SAORL_AGENT_HOME` (`<run folder>/agents`, for the program's own
+files) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
 returns the reward (a number, or a dict with "reward" and other numeric metrics, logged as
 `agent/<name>`).
 
@@ -19,7 +20,8 @@ Tasks come from `env.agent_tasks`, the name of any environment the factory build
 and `task.held_out`, and its environment as the grader.
 
 Coding tasks ('swe') run command agents only: each episode gets a sandboxed shell over the
-task's repository copy (`saorl.envs.swe.agent_shell`, `SAORL_SHELL` in its environment), and
+task's repository copy (`saorl.envs.swe.agent_shell`, `SAORL_SHELL` in its environment; and
+`SAORL_MINISWE_RUNNER`, the path of mini-swe-agent's runner, docs/mini-swe-agent.md), and
 the coding env's grade of that copy when the program exits is the reward, whatever the program
 printed (its other keys are kept: numbers as metrics, strings in the trajectory's info).
 """
@@ -36,6 +38,7 @@ import signal
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
@@ -43,6 +46,9 @@ from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
 
 MODEL_NAME = "policy"  # the name the endpoint serves
+AGENTS_DIR = "agents"  # in the run folder: SAORL_AGENT_HOME, the programs' own files
+# mini-swe-agent's runner, a script for its own venv (SAORL_MINISWE_RUNNER on coding tasks)
+MINISWE_RUNNER = Path(__file__).parent / "swe" / "miniswe_runner.py"
 
 
 def task_dict(task: Any) -> dict[str, Any]:
@@ -73,6 +79,8 @@ class AgentProgram:
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
         self.timeout_s = cfg.step_timeout_s
         self.workspace = cfg.agent_tasks == "swe"  # a repository copy and shell per episode
+        # A command's own files (mini-swe-agent's config dir): the run folder, never the home
+        self.home = Path(cfg._run_dir) / AGENTS_DIR if cfg._run_dir else None
 
     async def run(
         self,
@@ -120,7 +128,8 @@ class AgentProgram:
         assert self.grader is not None
         start = time.monotonic()
         async with AgentWorkspace(self.grader(), task) as ws:  # type: ignore[arg-type]
-            result = await self._spawn(task_dict(task), base_url, api_key, worker, ws.env_vars)
+            env_vars = {**ws.env_vars, "SAORL_MINISWE_RUNNER": str(MINISWE_RUNNER)}
+            result = await self._spawn(task_dict(task), base_url, api_key, worker, env_vars)
             reward, info = await ws.grade()
         info["agent/episode_s"] = time.monotonic() - start  # the program's run and the grading
         if isinstance(result, dict):
@@ -176,7 +185,10 @@ class AgentProgram:
 
     def extra_env(self) -> dict[str, str]:
         """More environment variables of a command's process."""
-        return {}
+        if self.home is None:  # not in a training run (`saorl eval`): nothing to keep
+            return {}
+        self.home.mkdir(parents=True, exist_ok=True)
+        return {"SAORL_AGENT_HOME": str(self.home)}
 
     async def _score(
         self, task: Any, messages: list[dict], metrics: dict[str, Any]

@@ -14,8 +14,9 @@ stderr, capped at `env.swe_max_output_chars`; `exception_info` says why a comman
 or was stopped (a timeout, the memory limit, an unusable command), else "".
 
 The socket lives in a private folder per episode (mode 0700, `SAORL_AGENT_DIR`, also the
-program's scratch folder: mini-swe-agent's config dir); the folder and the copy are removed
-when the episode ends, however it ends.
+program's scratch folder); the folder and the copy are removed when the episode ends, however
+it ends. What a program keeps (mini-swe-agent's config dir) goes in the run folder instead
+(`SAORL_AGENT_HOME`, `saorl.envs.agent`).
 """
 
 from __future__ import annotations
