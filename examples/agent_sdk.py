@@ -4,7 +4,7 @@
 
 The SDK's chat-completions model is pointed at the episode's client; tracing (which would
 send spans to OpenAI) is off. The agent returns no reward: the task source's own environment
-(`env.agent_tasks`, the built-in addition task) grades its last reply.
+(`env.agent_tasks`: reasoning-gym, with the dataset's own scorer) grades its last reply.
 """
 
 from __future__ import annotations
@@ -22,4 +22,4 @@ set_tracing_disabled(True)
 async def run(task: dict[str, Any], client: Any) -> None:
     model = OpenAIChatCompletionsModel(model="policy", openai_client=client)
     agent = Agent(name="adder", model=model)
-    await Runner.run(agent, task["prompt"], max_turns=2)
+    await Runner.run(agent, task["question"], max_turns=2)

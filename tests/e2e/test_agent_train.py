@@ -1,5 +1,5 @@
-"""Agent programs trained by `saorl train` end to end: the two examples by their configs, and a
-command agent, each for a couple of steps on the tiny model."""
+"""Agent programs trained by `saorl train` end to end: the two examples by their configs (on
+their reasoning-gym task), and a command agent, each for a couple of steps on the tiny model."""
 
 from __future__ import annotations
 
@@ -55,6 +55,7 @@ def _rows(run: Path) -> list[dict]:
 
 @pytest.mark.parametrize("example", ["agent_openai", "agent_sdk"])
 def test_example_agents_train(example, tmp_path, monkeypatch):
+    pytest.importorskip("reasoning_gym")  # the examples' tasks
     if example == "agent_sdk":
         pytest.importorskip("agents")
     monkeypatch.chdir(ROOT)  # the configs name their agent relative to the repository root
