@@ -27,7 +27,10 @@ CPU time per trajectory (on a shared machine wall time mostly measures waiting f
 Added latency per call: the same arms with one episode at a time (`--latency-episodes`,
 `max_concurrent = 1`, each episode one call): the median time between consecutive finished
 episodes (robust to a burst of load that stalls a few of them), arm minus inproc, per repeat;
-its median and range over the repeats are reported. The arms take turns in each repeat, in
+and the same less each turn's time in the engine (from entering it to its completion), which
+takes out how fast the engine happened to decode in that run (the larger noise on a shared
+machine) and leaves what an episode costs around its turn. Medians and ranges over the
+repeats are reported. The arms take turns in each repeat, in
 this process on the same machine; the load average before and after is recorded.
 """
 
@@ -93,9 +96,29 @@ MODELS = {
 }
 
 
-def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> list[float]:
-    """Seconds from the start until each episode's trajectory came out, in order."""
-    engine = HFEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
+class TimedEngine(HFEngine):
+    """The HF engine, noting when each request entered it and when its turn came out."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.added: dict[int, float] = {}
+        self.engine_s: list[float] = []  # each request's time in the engine, in finishing order
+
+    def add_request(self, request) -> None:
+        self.added[request.request_id] = time.perf_counter()
+        super().add_request(request)
+
+    def step(self):
+        done = super().step()
+        now = time.perf_counter()
+        self.engine_s += [now - self.added.pop(c.request.request_id) for c in done]
+        return done
+
+
+def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int):
+    """`(finished, engine_s)`: seconds from the start until each episode's trajectory came
+    out, in order, and each turn's time in the engine (queued, prefilled, decoded)."""
+    engine = TimedEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
     limits = AgentLimits(max_seq_len=64, max_new_tokens=length, forced_length=lambda: length)
     if arm == "inproc":
         make_env = ArithmeticEnv
@@ -114,12 +137,18 @@ def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> list[f
         assert len(traj.completion_ids) == length
         done.append(time.perf_counter() - t0)
     worker.stop_thread()
-    return done
+    return done, engine.engine_s
 
 
 def episode_seconds(done: list[float]) -> list[float]:
     """One episode at a time: each one's time is the gap since the one before."""
     return [b - a for a, b in zip([0.0, *done], done, strict=False)]
+
+
+def outside_engine(done: list[float], engine_s: list[float]) -> list[float]:
+    """One episode (one turn) at a time: each one's time less its turn's time in the engine,
+    i.e. what the episode cost besides decoding (starting it, the call, grading, handing on)."""
+    return [gap - e for gap, e in zip(episode_seconds(done), engine_s, strict=True)]
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -154,14 +183,17 @@ def main(argv: list[str] | None = None) -> dict:
     times: dict[str, list[float]] = {a: [] for a in arms}
     cpu: dict[str, list[float]] = {a: [] for a in arms}
     per_episode: dict[str, list[float]] = {a: [] for a in arms}  # median of each repeat
+    outside: dict[str, list[float]] = {a: [] for a in arms}  # the same, less the engine time
     for _ in range(args.repeats):  # the arms take turns: a change of load hits them alike
         for arm in arms:
             c0 = time.process_time()  # this process's CPU: less swayed by others' load
-            times[arm].append(run_arm(arm, model, tok, tasks, args.concurrent, args.length)[-1])
+            done, _ = run_arm(arm, model, tok, tasks, args.concurrent, args.length)
+            times[arm].append(done[-1])
             cpu[arm].append(time.process_time() - c0)
             sub = tasks[: args.latency_episodes]
-            done = run_arm(arm, model, tok, sub, 1, args.length)
+            done, engine_s = run_arm(arm, model, tok, sub, 1, args.length)
             per_episode[arm].append(statistics.median(episode_seconds(done)))
+            outside[arm].append(statistics.median(outside_engine(done, engine_s)))
     result = {
         arm: {
             "seconds": times[arm],
@@ -169,10 +201,11 @@ def main(argv: list[str] | None = None) -> dict:
             "cpu_seconds": cpu[arm],
             "cpu_ms_per_trajectory": statistics.median(cpu[arm]) / len(tasks) * 1000,
             "sequential_median_s_per_episode": per_episode[arm],
+            "sequential_median_s_outside_engine": outside[arm],
         }
         for arm in arms
     }
-    ratios, added = {}, {}
+    ratios, added, added_outside = {}, {}, {}
     for arm in arms[1:]:
         paired = [b / a for a, b in zip(times[arm], times["inproc"], strict=True)]
         ratios[arm] = spread(paired)
@@ -180,11 +213,14 @@ def main(argv: list[str] | None = None) -> dict:
             (a - b) * 1000 for a, b in zip(per_episode[arm], per_episode["inproc"], strict=True)
         ]
         added[arm] = spread(gaps)
-        r, d = ratios[arm], added[arm]
+        gaps = [(a - b) * 1000 for a, b in zip(outside[arm], outside["inproc"], strict=True)]
+        added_outside[arm] = spread(gaps)
+        r, d, o = ratios[arm], added[arm], added_outside[arm]
         print(
             f"{args.model} {arm}: throughput ratio {r['median']:.3f} ({r['min']:.3f}-"
-            f"{r['max']:.3f}), added latency {d['median']:.2f} ms/call ({d['min']:.2f} to "
-            f"{d['max']:.2f})"
+            f"{r['max']:.3f}); added latency per call {d['median']:.2f} ms ({d['min']:.2f} to "
+            f"{d['max']:.2f}), outside the engine {o['median']:.2f} ms ({o['min']:.2f} to "
+            f"{o['max']:.2f})"
         )
     report = {
         "workload": vars(args) | {"out": str(args.out)},
@@ -192,6 +228,7 @@ def main(argv: list[str] | None = None) -> dict:
         "arms": result,
         "throughput_ratio_over_inproc": ratios,
         "added_latency_ms_per_call": added,
+        "added_latency_ms_per_call_outside_engine": added_outside,
         "machine": machine(load, load_average_at_end=os.getloadavg()[0]),
     }
     write_report(args.out, report)

@@ -29,8 +29,14 @@ def test_the_report_has_every_arm_and_the_spread_of_its_figures(tmp_path):
     for arm in report["arms"].values():
         assert len(arm["seconds"]) == len(arm["cpu_seconds"]) == 2
         assert len(arm["sequential_median_s_per_episode"]) == 2
+        assert len(arm["sequential_median_s_outside_engine"]) == 2
         assert arm["trajectories_per_s"] > 0 and arm["cpu_ms_per_trajectory"] > 0
-    for figures in ("throughput_ratio_over_inproc", "added_latency_ms_per_call"):
+    figures_of_arms = (
+        "throughput_ratio_over_inproc",
+        "added_latency_ms_per_call",
+        "added_latency_ms_per_call_outside_engine",
+    )
+    for figures in figures_of_arms:
         assert set(report[figures]) == {"endpoint", "http"}
         for s in report[figures].values():
             assert s["min"] <= s["median"] <= s["max"]
@@ -39,6 +45,8 @@ def test_the_report_has_every_arm_and_the_spread_of_its_figures(tmp_path):
 
 def test_episode_times_are_the_gaps_between_finishes():
     assert bench_endpoint.episode_seconds([0.5, 1.25, 3.0]) == [0.5, 0.75, 1.75]
+    got = bench_endpoint.outside_engine([0.5, 1.25, 3.0], [0.25, 0.5, 1.5])
+    assert got == pytest.approx([0.25, 0.25, 0.25])
 
 
 def test_the_small_model_is_the_built_in_architecture_larger():
