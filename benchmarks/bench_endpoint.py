@@ -1,12 +1,16 @@
 """Agent programs through the training endpoint against the in-process agent loop.
 
-    python benchmarks/bench_endpoint.py [--episodes 256] [--concurrent 64] [--length 16]
-                                        [--latency-episodes 40] [--repeats 3] [--out PATH]
-                                        [--arms inproc,endpoint,http]
+    python benchmarks/bench_endpoint.py [--model tiny|small] [--episodes 256] [--concurrent 64]
+                                        [--length 16] [--latency-episodes 100] [--repeats 3]
+                                        [--out PATH] [--arms inproc,endpoint,http]
 
-Workload: the built-in model (random init) and the built-in addition task; every model turn is
-forced to exactly `--length` tokens (EOS suppressed, `AgentLimits.forced_length`), so both arms
-decode the same number of tokens and the same prompts. One rollout worker, one HF engine:
+Workload: a random-init model of the built-in architecture (Qwen3-style) and the built-in
+addition task; every model turn is forced to exactly `--length` tokens (EOS suppressed,
+`AgentLimits.forced_length`), so the arms decode the same number of tokens from the same
+prompts. `--model tiny` is the built-in model (0.5 M parameters: a decoding step of 64 rows
+costs a few ms of CPU, so per-call overhead dominates); `--model small` widens it to 512 units
+and 8 layers (25 M parameters, built here, nothing downloaded: a step costs ~100 ms of CPU, so
+the engine's work dominates, as with any real model on CPU). One rollout worker, one HF engine:
 
     inproc    the worker's own agent loop: `ArithmeticEnv` episodes (reset, one turn, graded)
     endpoint  the same episodes written as an agent program: `async def run(task, client)`
@@ -17,12 +21,17 @@ decode the same number of tokens and the same prompts. One rollout worker, one H
               base URL and key (HTTP on loopback, as other SDKs and command agents call)
 
 Throughput: trajectories/s over `--episodes` episodes with `--concurrent` sequences decoded
-together (the engine full), best of `--repeats`; ratio = arm / inproc; and this process's CPU
-time per trajectory (on a shared machine wall time mostly measures waiting for a core). Added
-latency per call: the same arms with one episode at a time (`--latency-episodes`,
-`max_concurrent = 1`), (arm time - inproc time) / episodes, each episode being one call. The
-arms take turns in each repeat, in this process on the same machine; the load average at the
-start is recorded.
+together (the engine full), the median of `--repeats`; the ratio to inproc is taken within each
+repeat (the arms run back to back) and its median and range are reported; and this process's
+CPU time per trajectory (on a shared machine wall time mostly measures waiting for a core).
+Added latency per call: the same arms with one episode at a time (`--latency-episodes`,
+`max_concurrent = 1`, each episode one call): the median time between consecutive finished
+episodes (robust to a burst of load that stalls a few of them), arm minus inproc, per repeat;
+and the same less each turn's time in the engine (from entering it to its completion), which
+takes out how fast the engine happened to decode in that run (the larger noise on a shared
+machine) and leaves what an episode costs around its turn. Medians and ranges over the
+repeats are reported. The arms take turns in each repeat, in
+this process on the same machine; the load average before and after is recorded.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import argparse
 import os
 import queue
 import random
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -73,9 +83,42 @@ async def http_agent(task, client):
     return await agent(task, own)
 
 
-def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> float:
-    """Seconds to finish one episode per task."""
-    engine = HFEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
+# `--model small`: the built-in architecture widened (model config overrides, random init)
+MODELS = {
+    "tiny": [],
+    "small": [
+        "model.hidden_size=512",
+        "model.num_layers=8",
+        "model.num_heads=8",
+        "model.num_kv_heads=4",
+        "model.intermediate_size=1536",
+    ],
+}
+
+
+class TimedEngine(HFEngine):
+    """The HF engine, noting when each request entered it and when its turn came out."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.added: dict[int, float] = {}
+        self.engine_s: list[float] = []  # each request's time in the engine, in finishing order
+
+    def add_request(self, request) -> None:
+        self.added[request.request_id] = time.perf_counter()
+        super().add_request(request)
+
+    def step(self):
+        done = super().step()
+        now = time.perf_counter()
+        self.engine_s += [now - self.added.pop(c.request.request_id) for c in done]
+        return done
+
+
+def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int):
+    """`(finished, engine_s)`: seconds from the start until each episode's trajectory came
+    out, in order, and each turn's time in the engine (queued, prefilled, decoded)."""
+    engine = TimedEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
     limits = AgentLimits(max_seq_len=64, max_new_tokens=length, forced_length=lambda: length)
     if arm == "inproc":
         make_env = ArithmeticEnv
@@ -87,76 +130,109 @@ def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int) -> float:
     worker = RolloutWorker(engine, feed, tok, out, make_env, limits)
     t0 = time.perf_counter()
     worker.start()
-    got = 0
-    while got < len(tasks):
+    done = []
+    while len(done) < len(tasks):
         traj = out.get(timeout=600)
         assert traj.stop_reason not in ("env_error", "aborted"), traj.info
         assert len(traj.completion_ids) == length
-        got += 1
-    elapsed = time.perf_counter() - t0
+        done.append(time.perf_counter() - t0)
     worker.stop_thread()
-    return elapsed
+    return done, engine.engine_s
 
 
-def main() -> None:
+def episode_seconds(done: list[float]) -> list[float]:
+    """One episode at a time: each one's time is the gap since the one before."""
+    return [b - a for a, b in zip([0.0, *done], done, strict=False)]
+
+
+def outside_engine(done: list[float], engine_s: list[float]) -> list[float]:
+    """One episode (one turn) at a time: each one's time less its turn's time in the engine,
+    i.e. what the episode cost besides decoding (starting it, the call, grading, handing on)."""
+    return [gap - e for gap, e in zip(episode_seconds(done), engine_s, strict=True)]
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", choices=sorted(MODELS), default="tiny")
     ap.add_argument("--episodes", type=int, default=256)
     ap.add_argument("--concurrent", type=int, default=64)
     ap.add_argument("--length", type=int, default=16)
-    ap.add_argument("--latency-episodes", type=int, default=40)
+    ap.add_argument("--latency-episodes", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/endpoint.json")
     ap.add_argument("--arms", default="inproc,endpoint,http", help="inproc first")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     load = os.getloadavg()[0]
     import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model, tok = load_policy(load_config(None, []).model)
+    model, tok = load_policy(load_config(None, MODELS[args.model]).model)
     task = ArithmeticTask(2, 16, 1234)
     rng = random.Random(0)
     tasks = [task.sample(rng) for _ in range(args.episodes)]
     arms = args.arms.split(",")
+    assert arms[0] == "inproc", "the ratios are to the first arm: inproc"
     # Warm-up: first calls pay imports (openai) and allocator growth.
     for arm in arms:
-        run_arm(arm, model, tok, tasks[:8], 8, args.length)
+        run_arm(arm, model, tok, tasks[:8], min(8, args.concurrent), args.length)
     times: dict[str, list[float]] = {a: [] for a in arms}
     cpu: dict[str, list[float]] = {a: [] for a in arms}
-    lat: dict[str, list[float]] = {a: [] for a in arms}
+    per_episode: dict[str, list[float]] = {a: [] for a in arms}  # median of each repeat
+    outside: dict[str, list[float]] = {a: [] for a in arms}  # the same, less the engine time
     for _ in range(args.repeats):  # the arms take turns: a change of load hits them alike
         for arm in arms:
             c0 = time.process_time()  # this process's CPU: less swayed by others' load
-            times[arm].append(run_arm(arm, model, tok, tasks, args.concurrent, args.length))
+            done, _ = run_arm(arm, model, tok, tasks, args.concurrent, args.length)
+            times[arm].append(done[-1])
             cpu[arm].append(time.process_time() - c0)
             sub = tasks[: args.latency_episodes]
-            lat[arm].append(run_arm(arm, model, tok, sub, 1, args.length))
+            done, engine_s = run_arm(arm, model, tok, sub, 1, args.length)
+            per_episode[arm].append(statistics.median(episode_seconds(done)))
+            outside[arm].append(statistics.median(outside_engine(done, engine_s)))
     result = {
         arm: {
             "seconds": times[arm],
-            "trajectories_per_s": len(tasks) / min(times[arm]),
+            "trajectories_per_s": len(tasks) / statistics.median(times[arm]),
             "cpu_seconds": cpu[arm],
-            "cpu_ms_per_trajectory": min(cpu[arm]) / len(tasks) * 1000,
-            "sequential_seconds": lat[arm],
-            "sequential_s_per_episode": min(lat[arm]) / args.latency_episodes,
+            "cpu_ms_per_trajectory": statistics.median(cpu[arm]) / len(tasks) * 1000,
+            "sequential_median_s_per_episode": per_episode[arm],
+            "sequential_median_s_outside_engine": outside[arm],
         }
         for arm in arms
     }
-    base = result["inproc"]
-    ratios, added = {}, {}
+    ratios, added, added_outside = {}, {}, {}
     for arm in arms[1:]:
-        ratios[arm] = result[arm]["trajectories_per_s"] / base["trajectories_per_s"]
-        gap = result[arm]["sequential_s_per_episode"] - base["sequential_s_per_episode"]
-        added[arm] = gap * 1000
-        print(f"{arm}: throughput ratio {ratios[arm]:.3f}, added latency {added[arm]:.2f} ms/call")
+        paired = [b / a for a, b in zip(times[arm], times["inproc"], strict=True)]
+        ratios[arm] = spread(paired)
+        gaps = [
+            (a - b) * 1000 for a, b in zip(per_episode[arm], per_episode["inproc"], strict=True)
+        ]
+        added[arm] = spread(gaps)
+        gaps = [(a - b) * 1000 for a, b in zip(outside[arm], outside["inproc"], strict=True)]
+        added_outside[arm] = spread(gaps)
+        r, d, o = ratios[arm], added[arm], added_outside[arm]
+        print(
+            f"{args.model} {arm}: throughput ratio {r['median']:.3f} ({r['min']:.3f}-"
+            f"{r['max']:.3f}); added latency per call {d['median']:.2f} ms ({d['min']:.2f} to "
+            f"{d['max']:.2f}), outside the engine {o['median']:.2f} ms ({o['min']:.2f} to "
+            f"{o['max']:.2f})"
+        )
     report = {
         "workload": vars(args) | {"out": str(args.out)},
+        "model_parameters": sum(p.numel() for p in model.parameters()),
         "arms": result,
         "throughput_ratio_over_inproc": ratios,
         "added_latency_ms_per_call": added,
-        "machine": machine(load),
+        "added_latency_ms_per_call_outside_engine": added_outside,
+        "machine": machine(load, load_average_at_end=os.getloadavg()[0]),
     }
     write_report(args.out, report)
+    return report
 
 
 if __name__ == "__main__":

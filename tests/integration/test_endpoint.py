@@ -290,6 +290,29 @@ def test_a_template_free_extension_equals_plain_concatenation():
     assert session.mismatches == 0
 
 
+def test_an_extending_call_renders_the_template_once_and_gets_the_same_ids():
+    """The previous call's prompt text is reused to cut the observation out (one render a
+    call, not two), and the ids are those of rendering both afresh."""
+    tok = _tok()
+    renders = []
+    real = tok.apply_chat_template
+    tok.apply_chat_template = lambda *a, **k: renders.append(1) or real(*a, **k)
+    session = AgentSession("k", TASK, -1, ChatCodec(tok))
+    msgs = [{"role": "user", "content": "12+34="}]
+    ids, _ = session.prompt_ids(msgs, TOOLS)
+    sampled = tok.encode("46", add_special_tokens=False)
+    reply = {"role": "assistant", "content": "46"}
+    session.record(msgs, TOOLS, ids, False, sampled, [-0.5] * len(sampled), [0], "eos", reply)
+    more = [*msgs, reply, {"role": "user", "content": "Sure?"}]
+    renders.clear()
+    ids2, extends = session.prompt_ids(more, TOOLS)
+    assert extends and len(renders) == 1
+    session.rendered = None  # afresh: both conversations rendered again
+    assert session.prompt_ids(more, TOOLS) == (ids2, True) and len(renders) == 3
+    assert tok.decode(ids2[len(ids) + len(sampled) :]).startswith("<|im_end|>")
+    assert session.mismatches == 0
+
+
 def test_concurrent_calls_of_one_episode_branch_into_segments():
     tok = _tok()
     engine = Recording(ScriptedEngine(tok, ["first", "left!", "right"]))  # equal lengths

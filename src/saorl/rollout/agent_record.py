@@ -89,6 +89,8 @@ class AgentSession:
     closed: bool = False
     last: LastCall | None = None
     finish_reasons: list[str] = field(default_factory=list)
+    # The last prompt rendered: (messages, tools, text), for `_prompt_text`
+    rendered: tuple[list[dict], list[dict] | None, str] | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # -- prompts ------------------------------------------------------------------------------
@@ -96,6 +98,17 @@ class AgentSession:
         if self.codec.templated:
             return self.codec._render(template_messages(messages), gen, tools)
         return "".join(m["content"] for m in template_messages(messages))
+
+    def _prompt_text(self, messages: list[dict], tools: list[dict] | None) -> str:
+        """The prompt rendering of `messages`. An extending call renders the previous call's
+        messages again to cut its observation out; those are the messages last rendered, so
+        their text is reused (same messages and tools, same text: one render a call, not two)."""
+        cached = self.rendered
+        if cached is not None and cached[1] == tools and cached[0] == messages:
+            return cached[2]
+        text = self._render(messages, tools)
+        self.rendered = (list(messages), tools, text)
+        return text
 
     def _encode(self, text: str) -> list[int]:
         return self.codec._encode(text)
@@ -115,7 +128,7 @@ class AgentSession:
             ):
                 head = last.prompt_ids + last.sampled_ids
                 return head + self._observation(last, messages[n + 1 :], messages, tools), True
-            ids = self._encode(self._render(messages, tools))
+            ids = self._encode(self._prompt_text(messages, tools))
             return ids, self._extends(ids)
 
     def extends(self, ids: list[int]) -> bool:
@@ -132,8 +145,8 @@ class AgentSession:
         self, last: LastCall, new: list[dict], messages: list[dict], tools: list[dict] | None
     ) -> list[int]:
         decoded = self.codec.tok.decode(last.sampled_ids, skip_special_tokens=False)
-        prefix = self._render(last.messages, tools) + decoded
-        full = self._render(messages, tools)
+        prefix = self._prompt_text(last.messages, tools) + decoded
+        full = self._prompt_text(messages, tools)
         if full.startswith(prefix):
             return self._encode(full[len(prefix) :])
         self.mismatches += 1
