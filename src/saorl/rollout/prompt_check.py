@@ -35,13 +35,29 @@ def _prompts(spec: EnvSpec, tokenizer: Any) -> list[tuple[str, list[int], str]]:
     for task in tasks:
         env = spec.make_env()
         try:
-            messages = asyncio.run(env.reset(task))
+            messages = asyncio.run(_opening(env, task))
         except Exception:  # the workers report it, with its traceback
             continue
         tools = list(getattr(env, "tools", None) or ()) or None
         text = "".join(str(m.get("content", "")) for m in messages)
         out.append((task_key(task), codec.prompt_ids(messages, tools), text))
     return out
+
+
+async def _opening(env: Any, task: Any) -> Any:
+    """The opening messages of `task`; its episode then ended as the workers end one, so what
+    the reset opened (an OpenEnv server's session) is released, not dropped with the loop (the
+    server logged each dropped session as an error)."""
+    try:
+        return await env.reset(task)
+    finally:
+        end = getattr(env, "end_episode", None)
+        if end is not None:
+            end()  # schedules the release on this loop: let it run before the loop closes
+            await asyncio.sleep(0)
+            pending = asyncio.all_tasks() - {asyncio.current_task()}
+            if pending:
+                await asyncio.wait(pending, timeout=10)
 
 
 def check_prompts(cfg: Config, spec: EnvSpec, tokenizer: Any) -> None:
