@@ -195,6 +195,24 @@ def test_pending_rollouts_of_a_dataset_round_trip_as_plain_data(tmp_path: Path):
     assert owed is first and owed_group == group  # the same training problem, same group
 
 
+def test_pending_rollouts_of_an_openenv_run_are_kept(tmp_path: Path, capsys):
+    # OpenEnv episodes are seeds drawn at random, with no training list to point into.
+    from saorl.envs.openenv import SeedTask, SeedTasks
+
+    feed = _feed(SeedTasks(first=0, n_held_out=4))
+    task, group = feed.next()
+    out: queue.Queue[Trajectory] = queue.Queue()
+    out.put(_trajectory(task.key, group))
+    snap = snapshot_rollouts([], feed, out, {})
+    assert "checkpoint without" not in capsys.readouterr().err
+    save_checkpoint(tmp_path, 1, {"step": 1, **snap})
+    state = load_state_file(tmp_path / "checkpoints" / "step_00000001.pt")
+    resumed, out2 = _feed(SeedTasks(first=0, n_held_out=4)), queue.Queue()
+    assert restore_rollouts(state, [], resumed, out2) == 1
+    owed, owed_group = resumed.next()
+    assert owed == SeedTask(task.seed) and owed_group == group
+
+
 @dataclasses.dataclass
 class OddTask:  # pickles, but is neither allow-listed nor drawn from a `train` list
     key: str

@@ -216,12 +216,14 @@ class DiskFullError(CheckpointError):
 def _allowed_globals() -> list[Any]:
     """The only non-tensor types a saorl state file may hold besides plain Python data.
 
-    Rollout state is written as plain data (`saorl.rollout.resume`); the one object left is the task
-    of the built-in arithmetic environments, a frozen dataclass of three strings.
+    Rollout state is written as plain data (`saorl.rollout.resume`); what is left are the tasks of
+    built-in sources that draw them without a training list: the arithmetic environments'
+    `Problem` (a frozen dataclass of three strings) and OpenEnv's `SeedTask` (of one int).
     """
     from saorl.envs.arithmetic import Problem
+    from saorl.envs.openenv import SeedTask
 
-    return [Problem]
+    return [Problem, SeedTask]
 
 
 # What the weights-only unpickler says when a file asks for an object it may not build.
