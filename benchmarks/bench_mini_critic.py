@@ -32,7 +32,9 @@ same machine load. Per run:
   second half of the run's steps;
 - trajectories/s (batch x steps / the loop's `time/wall_s`) and the run's final
   `eval/accuracy`.
-Figures per arm: medians over seeds; `ratio` columns are against `same`. Writes
+Figures per arm: medians over seeds; `x same` columns are against `same`'s medians, `paired`
+ones the median over seeds of each run against the `same` run of its seed (next to it in
+time: the figure to read on a machine whose load drifts between seeds). Writes
 benchmarks/results/mini_critic.json (or `--out`).
 """
 
@@ -126,14 +128,24 @@ def run_arm(overrides: list[str]) -> dict[str, Any]:
 
 
 def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """Per arm: medians over seeds, and the ratios against `same`."""
+    """Per arm: medians over seeds, and the ratios against `same`: of the medians, and
+    `paired_*`, the median over seeds of the ratio (difference for explained variance) to the
+    `same` run of that seed, which ran next to it (less moved by load that drifts over seeds)."""
     keys = ("learner_step_s", "explained_variance", "trajectories_per_s", "final_accuracy")
     out = {arm: {k: statistics.median(r[k] for r in rs) for k in keys} for arm, rs in runs.items()}
     base = out.get("same")
-    for s in out.values():
+    same = {r["seed"]: r for r in runs.get("same", [])}
+    for arm, s in out.items():
         if base:
             s["step_ratio"] = s["learner_step_s"] / base["learner_step_s"]
             s["throughput_ratio"] = s["trajectories_per_s"] / base["trajectories_per_s"]
+            pairs = [(r, same[r["seed"]]) for r in runs[arm]]
+            s["paired_step_ratio"] = statistics.median(
+                r["learner_step_s"] / b["learner_step_s"] for r, b in pairs
+            )
+            s["paired_explained_variance_diff"] = statistics.median(
+                r["explained_variance"] - b["explained_variance"] for r, b in pairs
+            )
     return out
 
 
@@ -206,13 +218,14 @@ def main() -> None:
         f"load average at start {load:.2f}"
     )
     print(
-        f"{'arm':6} {'params':>9} {'step s':>8} {'x same':>7} {'expl var':>9} "
-        f"{'traj/s':>7} {'x same':>7} {'final acc':>10}"
+        f"{'arm':6} {'params':>9} {'step s':>8} {'x same':>7} {'paired':>7} {'expl var':>9} "
+        f"{'paired d':>9} {'traj/s':>7} {'x same':>7} {'final acc':>10}"
     )
     for arm, s in summary.items():
         print(
             f"{arm:6} {models[arm]['parameters']:9,} {s['learner_step_s']:8.3f} "
-            f"{s['step_ratio']:7.2f} {s['explained_variance']:9.3f} "
+            f"{s['step_ratio']:7.2f} {s['paired_step_ratio']:7.2f} "
+            f"{s['explained_variance']:9.3f} {s['paired_explained_variance_diff']:+9.3f} "
             f"{s['trajectories_per_s']:7.0f} {s['throughput_ratio']:7.2f} "
             f"{s['final_accuracy']:10.3f}"
         )

@@ -62,6 +62,14 @@ def test_bench_mini_critic_reports_both_arms_for_every_seed(tmp_path: Path) -> N
         base = report["summary"]["same"]
         assert s["step_ratio"] == pytest.approx(s["learner_step_s"] / base["learner_step_s"])
     assert report["summary"]["same"]["step_ratio"] == 1.0
+    assert report["summary"]["same"]["paired_step_ratio"] == 1.0
+    assert report["summary"]["same"]["paired_explained_variance_diff"] == 0.0
+    # Paired: each mini run against the same run of its seed, then the median over seeds.
+    same = {r["seed"]: r for r in report["runs"]["same"]}
+    mini = report["runs"]["mini"]
+    assert report["summary"]["mini"]["paired_step_ratio"] == pytest.approx(
+        statistics.median(r["learner_step_s"] / same[r["seed"]]["learner_step_s"] for r in mini)
+    )
     # The printed table has a row per arm.
     table = done.stdout.split("mini-critic vs same-size critic")[1]
     assert all(line in table for line in ("\nsame ", "\nmini "))
