@@ -100,6 +100,9 @@ from _common import machine, write_report  # benchmarks/_common.py (run as scrip
 
 TRAINERS = ("trl_grpo", "sao", "sao_concurrent", "grpo", "grpo_dis")
 BATCH = 64
+# torch threads of the untimed parts (warm-up, evaluation): every core, or `--setup-threads`
+# (1 on a loaded machine, where intra-op threads spin against other processes).
+SETUP_THREADS = os.cpu_count() or 1
 INSTALL_HINT = (
     "bench_trl.py needs TRL: pip install -e '.[bench]' in the checkout (or pip install trl==1.16.0)"
 )
@@ -201,7 +204,7 @@ def export_warm_model(overrides: list[str], out: Path) -> dict[str, Any]:
     from saorl.models.loading import load_policy, save_pretrained
 
     cfg = load_config(None, overrides)
-    torch.set_num_threads(os.cpu_count() or 1)  # not timed: the warm-up is shared
+    torch.set_num_threads(SETUP_THREADS)  # not timed: the warm-up is shared
     torch.manual_seed(cfg.run.seed)
     policy, tokenizer = load_policy(cfg.model)
     t0 = time.perf_counter()
@@ -228,7 +231,7 @@ class Evaluator:
 
         if state is not None:
             self.model.load_state_dict(state)
-        torch.set_num_threads(os.cpu_count() or 1)  # not timed
+        torch.set_num_threads(SETUP_THREADS)  # not timed
         # The seed the learner evaluates with (`Learner.evaluate`).
         ev = evaluate_policy(
             self.model, self.tokenizer, self.spec, self.cfg, seed=self.cfg.run.seed + 12345
@@ -568,6 +571,7 @@ def plot(
 
 
 def main() -> None:
+    global SETUP_THREADS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1000, help="steps (batches of 64) per trainer")
     p.add_argument("--eval-every", type=int, default=50, help="steps between snapshots")
@@ -581,6 +585,12 @@ def main() -> None:
     p.add_argument("--eval-samples", type=int, default=4, help="samples per held-out problem")
     p.add_argument("--model", type=Path, help="reuse this exported warm-up model directory")
     p.add_argument("--trl-threads", type=int, default=1, help="TRL's torch threads")
+    p.add_argument(
+        "--setup-threads",
+        type=int,
+        default=SETUP_THREADS,
+        help="torch threads of the untimed warm-up and evaluations (default: every core)",
+    )
     p.add_argument(
         "--grpo-lr",
         type=float,
@@ -605,6 +615,7 @@ def main() -> None:
         help="train nothing: redo the figures of a saved report with this --target and --budget-s",
     )
     args = p.parse_args()
+    SETUP_THREADS = args.setup_threads
     if args.from_json:
         import json
 
