@@ -49,10 +49,12 @@ class RunConfig(_Section):
         "if that takes longer than this it exits without one (0 = no limit; a second signal "
         "always stops at once)",
     )
-    concurrency: Literal["threads", "sync"] = Field(
+    concurrency: Literal["threads", "sync", "process"] = Field(
         "threads",
         description="threads = rollout workers and learner run concurrently; sync = generate "
-        "then train",
+        "then train; process = concurrently, each rollout worker in a child process of its "
+        "own (no Ray; weights shared through memory), so its decoding does not hold the "
+        "learner's interpreter lock (HF engine; docs/performance.md)",
     )
     deterministic: bool = Field(
         False,
