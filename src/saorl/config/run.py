@@ -67,8 +67,8 @@ class RunConfig(_Section):
     max_worker_restarts: int = Field(
         3,
         ge=0,
-        description="times a crashed rollout worker (thread or Ray actor) is rebuilt, its "
-        "episodes re-issued, before the run fails",
+        description="times a crashed rollout worker (thread, child process or Ray actor) is "
+        "rebuilt, its episodes re-issued, before the run fails",
     )
     progress: bool = Field(True, description="show a live progress display")
     trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
