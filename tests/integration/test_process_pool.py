@@ -204,3 +204,26 @@ def test_unsupported_combinations_are_config_errors():
         tiny_config("run.concurrency=process", "ray.enabled=true")
     with pytest.raises(ConfigError, match=r"not rollout.engine = 'vllm'"):
         tiny_config("run.concurrency=process", "rollout.engine=vllm")
+
+
+def test_shared_weights_skip_a_write_in_progress_and_what_is_not_newer():
+    import pickle
+
+    from saorl.distributed.proc_actor import SharedWeights
+
+    state = {"a": torch.arange(6, dtype=torch.float32).view(2, 3), "b": torch.ones(3).half()}
+    writer = SharedWeights(state, version=0)
+    try:
+        reader = pickle.loads(pickle.dumps(writer))  # maps the same memory, as a child does
+        got, version = reader.read(["a", "b"], newer_than=-1)
+        assert version == 0 and all(torch.equal(got[k], state[k]) for k in state)
+        assert got["b"].dtype == torch.float16
+        assert reader.read(["a"], newer_than=0) is None  # nothing newer
+        writer.write({"a": state["a"] * 2}, version=3)  # a push of some of the tensors
+        got, version = reader.read(["a"], newer_than=0)
+        assert version == 3 and torch.equal(got["a"], state["a"] * 2)
+        writer.header[0] += 1  # a write under way: the reader waits for the next look
+        writer.header[1] = 4
+        assert reader.read(["a"], newer_than=3) is None
+    finally:
+        writer.close()
