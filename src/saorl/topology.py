@@ -3,7 +3,8 @@
 `build_topology(cfg)` returns a learner and a rollout pool bound to it (the two interfaces of
 `saorl.interfaces`) and the tokenizer:
 
-- default: the learner and the rollout worker threads in this process;
+- default: the learner and the rollout worker threads in this process (`run.concurrency =
+  "process"`: the rollout workers in child processes, `saorl.distributed.proc_pool`);
 - `ray.enabled` (`saorl train --ray`): the learner as Ray actor(s), one Ray actor per rollout
   worker, this process as the driver;
 - under torchrun with `learner.fsdp`: one FSDP2 learner sharded over the ranks; rank 0 runs the
@@ -20,7 +21,7 @@ import os
 from typing import Any, NamedTuple
 
 from saorl import interfaces
-from saorl.config import Config
+from saorl.config import Config, ConfigError
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy, resolve_device
 from saorl.rollout.pool import WorkerPool
@@ -44,6 +45,8 @@ def build_topology(cfg: Config) -> Topology | None:
     policy, tokenizer = load_policy(cfg.model)
     device = resolve_device(cfg.model.device)
     if cfg.learner.fsdp and "LOCAL_RANK" in os.environ:  # under torchrun: FSDP2 over its ranks
+        if cfg.run.concurrency == "process":
+            raise ConfigError("run.concurrency = 'process' under torchrun: use 'threads'")
         from saorl.distributed.torchrun import torchrun_learner
 
         leader = torchrun_learner(cfg, policy, device)
@@ -51,4 +54,8 @@ def build_topology(cfg: Config) -> Topology | None:
             return None
         return Topology(leader, WorkerPool(cfg, tokenizer, leader), tokenizer)
     learner = Learner(cfg, policy, device)
+    if cfg.run.concurrency == "process":  # rollout workers in child processes, no Ray
+        from saorl.distributed.proc_pool import ProcWorkerPool
+
+        return Topology(learner, ProcWorkerPool(cfg, tokenizer, learner), tokenizer)
     return Topology(learner, WorkerPool(cfg, tokenizer, learner), tokenizer)

@@ -91,6 +91,21 @@ class Config(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_process(self) -> Config:
+        if self.run.concurrency == "process" and self.ray.enabled:
+            raise ValueError(
+                "run.concurrency = 'process' and ray.enabled both place the rollout workers in "
+                "processes of their own: with Ray (--ray) use run.concurrency = 'threads'"
+            )
+        if self.run.concurrency == "process" and self.rollout.engine != "hf":
+            raise ValueError(
+                f"run.concurrency = 'process' runs the HF engine in child processes, not "
+                f"rollout.engine = {self.rollout.engine!r} (vLLM has engine processes of its "
+                "own): use run.concurrency = 'threads'"
+            )
+        return self
+
 
 def _field_default(section: str, name: str) -> Any:
     return Config.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]

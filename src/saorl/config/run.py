@@ -49,10 +49,12 @@ class RunConfig(_Section):
         "if that takes longer than this it exits without one (0 = no limit; a second signal "
         "always stops at once)",
     )
-    concurrency: Literal["threads", "sync"] = Field(
+    concurrency: Literal["threads", "sync", "process"] = Field(
         "threads",
         description="threads = rollout workers and learner run concurrently; sync = generate "
-        "then train",
+        "then train; process = concurrently, each rollout worker in a child process of its "
+        "own (no Ray; weights shared through memory), so its decoding does not hold the "
+        "learner's interpreter lock (HF engine; docs/performance.md)",
     )
     deterministic: bool = Field(
         False,
@@ -65,8 +67,8 @@ class RunConfig(_Section):
     max_worker_restarts: int = Field(
         3,
         ge=0,
-        description="times a crashed rollout worker (thread or Ray actor) is rebuilt, its "
-        "episodes re-issued, before the run fails",
+        description="times a crashed rollout worker (thread, child process or Ray actor) is "
+        "rebuilt, its episodes re-issued, before the run fails",
     )
     progress: bool = Field(True, description="show a live progress display")
     trackers: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(

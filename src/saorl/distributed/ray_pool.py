@@ -113,17 +113,21 @@ class RayRolloutWorker:
         self._actor_idle = actor_idle
         return len(done)
 
+    def _call(self, method: str, *args: Any) -> Any:
+        """`method(*args)` on the actor, awaited (a process actor overrides this)."""
+        return get(getattr(self.actor, method).remote(*args), self.name)
+
     # -- synchronous mode: the pool drives every step -----------------------------------------
     def fill(self) -> None:
         self._tasks += self._admit()
 
     def step(self) -> int:
         tasks, self._tasks = self._tasks, []
-        return self._absorb(get(self.actor.step_once.remote(tasks), self.name))
+        return self._absorb(self._call("step_once", tasks))
 
     # -- background mode: a pump thread exchanges tasks and trajectories ---------------------
     def start(self) -> None:
-        get(self.actor.start.remote(), self.name)
+        self._call("start")
         self._thread = threading.Thread(target=self._pump, name=f"{self.name}-pump", daemon=True)
         self._thread.start()
 
@@ -133,7 +137,7 @@ class RayRolloutWorker:
                 started = time.monotonic()
                 with self._lock:
                     tasks = self._admit()
-                    self._absorb(get(self.actor.exchange.remote(tasks, _POLL_S), self.name))
+                    self._absorb(self._call("exchange", tasks, _POLL_S))
                 # Outside the lock: a checkpoint's `paused` need not wait for the pause.
                 self._stop.wait(max(0.0, _EXCHANGE_EVERY_S - (time.monotonic() - started)))
         except BaseException as e:  # surfaced by the pool's batch collector, which re-raises
@@ -144,11 +148,11 @@ class RayRolloutWorker:
     def paused(self) -> Iterator[None]:
         """No exchange in flight and the actor's worker held; its finished work is in `out`."""
         with self._lock:
-            self._deliver(get(self.actor.pause.remote(), self.name))
+            self._deliver(self._call("pause"))
             try:
                 yield
             finally:
-                get(self.actor.unpause.remote(), self.name)
+                self._call("unpause")
 
     def in_flight(self) -> list[tuple[Any, int]]:
         """`(task, group id)` of every task handed out and not finished (dead actor or not)."""
@@ -158,6 +162,9 @@ class RayRolloutWorker:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._stop_actor()
+
+    def _stop_actor(self) -> None:
         self.actor.stop.remote()  # not awaited: the actor may be the thing that failed
 
 

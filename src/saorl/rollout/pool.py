@@ -9,8 +9,9 @@ trains. A checkpoint pauses the workers and records what they hold (`saorl.rollo
 
 `WorkerPool` implements `saorl.interfaces.RolloutPool` for a learner in the same process
 (`saorl.learner.learner.Learner`, or the torchrun leader's replica). `RayWorkerPool`
-(`saorl.distributed.ray_pool`) is the same pool with workers that are proxies of Ray actors:
-it changes how workers are built and how weights reach them.
+(`saorl.distributed.ray_pool`) is the same pool with workers that are proxies of Ray actors,
+and `ProcWorkerPool` (`saorl.distributed.proc_pool`, `run.concurrency = "process"`) with
+proxies of child processes: they change how workers are built and how weights reach them.
 """
 
 from __future__ import annotations

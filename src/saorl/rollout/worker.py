@@ -177,8 +177,18 @@ class AgentLimits:
 def lognormal_lengths(median: int, sigma: float, seed: int) -> Callable[[], int]:
     """Turn lengths `round(median * exp(sigma * z))`, `z ~ N(0, 1)`, at least 1 (thread-safe
     enough: one `random.Random` call under the GIL per draw)."""
-    rng = random.Random(seed)
-    return lambda: max(1, round(median * rng.lognormvariate(0.0, sigma)))
+    return _LognormalLengths(median, sigma, random.Random(seed))
+
+
+@dataclass
+class _LognormalLengths:
+    # A class, not a closure: `AgentLimits` pickles whole into a rollout process.
+    median: int
+    sigma: float
+    rng: random.Random
+
+    def __call__(self) -> int:
+        return max(1, round(self.median * self.rng.lognormvariate(0.0, self.sigma)))
 
 
 async def _settle(timeout_s: float) -> None:
