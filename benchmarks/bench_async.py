@@ -104,8 +104,9 @@ from saorl.monitoring.metrics import read_metrics
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.factory import build_engine
 from saorl.rollout.hf_engine import HFEngine
+from saorl.rollout.lengths import lognormal_lengths
 from saorl.rollout.pool import WorkerPool, agent_limits
-from saorl.rollout.worker import PromptFeed, RolloutWorker, lognormal_lengths
+from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.topology import build_topology
 from saorl.types import Batch
 

@@ -35,7 +35,7 @@ from saorl.envs.arithmetic import ArithmeticTask
 from saorl.models.loading import load_policy
 from saorl.rollout.engine import GenerationRequest
 from saorl.rollout.hf_engine import HFEngine
-from saorl.rollout.worker import lognormal_lengths
+from saorl.rollout.lengths import lognormal_lengths
 
 
 def build_model(args: argparse.Namespace) -> tuple[Any, Any]:

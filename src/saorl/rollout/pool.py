@@ -29,8 +29,9 @@ from saorl.interfaces import Collected, PoolStats
 from saorl.models.lora import state_bytes
 from saorl.rollout.collector import BatchCollector
 from saorl.rollout.factory import build_engine
+from saorl.rollout.lengths import lognormal_lengths
 from saorl.rollout.resume import restore_rollouts, snapshot_rollouts
-from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker, lognormal_lengths
+from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
 

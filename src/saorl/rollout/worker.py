@@ -174,23 +174,6 @@ class AgentLimits:
     forced_length: Callable[[], int] | None = None
 
 
-def lognormal_lengths(median: int, sigma: float, seed: int) -> Callable[[], int]:
-    """Turn lengths `round(median * exp(sigma * z))`, `z ~ N(0, 1)`, at least 1 (thread-safe
-    enough: one `random.Random` call under the GIL per draw)."""
-    return _LognormalLengths(median, sigma, random.Random(seed))
-
-
-@dataclass
-class _LognormalLengths:
-    # A class, not a closure: `AgentLimits` pickles whole into a rollout process.
-    median: int
-    sigma: float
-    rng: random.Random
-
-    def __call__(self) -> int:
-        return max(1, round(self.median * self.rng.lognormvariate(0.0, self.sigma)))
-
-
 async def _settle(timeout_s: float) -> None:
     """Wait (at most `timeout_s`) for the other tasks of this event loop."""
     others = asyncio.all_tasks() - {asyncio.current_task()}
