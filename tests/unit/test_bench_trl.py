@@ -163,6 +163,9 @@ def test_trl_settings_mirror_the_resolved_grpo_config(tmp_path: Path) -> None:
     settings = bench_trl.trl_settings(cfg, args, seed=3, out_dir=tmp_path)
     assert settings["per_device_train_batch_size"] == 64
     assert settings["learning_rate"] == cfg.learner.lr
+    args = argparse.Namespace(steps=10, trl_steps=25, trl_minibatches=None)
+    settings = bench_trl.trl_settings(cfg, args, seed=3, out_dir=tmp_path)
+    assert settings["max_steps"] == 25 * algo.minibatches  # --trl-steps: TRL runs longer
 
 
 def test_each_saorl_arm_resolves_to_its_algorithm() -> None:
@@ -192,3 +195,31 @@ def test_learner_flops_name_the_work_of_each_algorithm() -> None:
     # SAO's critic (K=2 updates, values from the first) costs more than GRPO's extra
     # old-policy forward pass, which costs more than nothing (grpo_dis).
     assert flops["sao"] > flops["grpo"] > flops["grpo_dis"] > 0
+
+
+def test_trl_steps_default_to_the_shared_step_count() -> None:
+    assert bench_trl.trl_steps(argparse.Namespace(steps=10, trl_steps=None)) == 10
+    assert bench_trl.trl_steps(argparse.Namespace(steps=10, trl_steps=30)) == 30
+    assert bench_trl.trl_steps(argparse.Namespace(steps=10)) == 10  # an older report's args
+
+
+def test_time_to_target_ratio_is_unknown_until_trl_reaches_it() -> None:
+    def summary(sao_t: float | None, trl_t: float | None) -> dict[str, dict[str, object]]:
+        def arm(t: float | None) -> dict[str, object]:
+            return {
+                "trajectories_per_s": 100.0,
+                "time_to_target_s": t,
+                "time_to_sustained_target_s": t,
+            }
+
+        return {"sao": arm(sao_t), "trl_grpo": arm(trl_t)}
+
+    met = bench_trl.issue_targets(summary(60.0, 120.0))
+    assert met["sao_time_to_target_at_most_0.6x_trl_grpo"] == [0.5, True]
+    assert met["sao_reaches_target_before_trl_grpo"] == [60.0, 120.0, True]
+    missed = bench_trl.issue_targets(summary(90.0, 120.0))
+    assert missed["sao_time_to_target_sustained_at_most_0.6x_trl_grpo"] == [0.75, False]
+    # TRL never reached it: SAO is first, but the ratio is not known.
+    beyond = bench_trl.issue_targets(summary(60.0, None))
+    assert beyond["sao_reaches_target_before_trl_grpo"][-1] is True
+    assert beyond["sao_time_to_target_at_most_0.6x_trl_grpo"] == [None, False]
