@@ -180,9 +180,12 @@ class SharedWeights:
 
     Header: `[sequence, version]` (int64). `write` makes the sequence odd, copies, stores the
     version and makes it even again; `read` copies and keeps the copy only if the sequence was
-    even and unchanged across it (else the next read gets the write). On Linux the file is
-    unlinked at once and children map it through their copy of its descriptor (`fds`, passed to
-    `ProcessActor`), so nothing is left in /dev/shm however the run ends.
+    even and unchanged across it (else the next read gets the write). The counter has no memory
+    fences: sound on x86's ordered stores; on a weakly ordered CPU (ARM) a copy could in
+    principle mix two consecutive pushes, which costs only the version label's accuracy, since
+    the objective's ratios use the log-probs the engine recorded with the weights it had. On
+    Linux the file is unlinked at once and children map it through their copy of its descriptor
+    (`fds`, passed to `ProcessActor`), so nothing is left in /dev/shm however the run ends.
     """
 
     def __init__(self, state: dict[str, torch.Tensor], version: int) -> None:
