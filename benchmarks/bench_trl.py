@@ -78,9 +78,12 @@ run ran out of steps before the budget); with several seeds, medians. Every trai
 `--steps` steps, so a slower one gets more seconds; the step count is chosen so that every run
 spans the budget.
 Writes `benchmarks/results/trl.json` and a plot of held-out accuracy against training seconds
-(`trl.png`). `--from-json PATH` trains nothing and redoes the figures of a saved report for
-another `--target`/`--budget-s`. `--quick` is a smoke run of every code path (40 steps from a
-100-step warm-up): too short to show learning, which takes hundreds of steps here.
+(`trl.png`). `--from-json PATH [PATH ...]` trains nothing and redoes the figures of saved reports
+for another `--target`/`--budget-s`; several reports of the same warm-up merge (each trainer's
+runs from the last report that has it), e.g. a longer run of one trainer added later.
+`--trl-steps` gives TRL more steps than the others, to time its own reach of the target.
+`--quick` is a smoke run of every code path (40 steps from a 100-step warm-up): too short to
+show learning, which takes hundreds of steps here.
 """
 
 from __future__ import annotations
@@ -623,14 +626,17 @@ def main() -> None:
     p.add_argument(
         "--from-json",
         type=Path,
-        help="train nothing: redo the figures of a saved report with this --target and --budget-s",
+        nargs="+",
+        help="train nothing: redo the figures of saved reports with this --target and --budget-s "
+        "(several: from the same warm-up, each trainer from the last report that ran it)",
     )
     args = p.parse_args()
     SETUP_THREADS = args.setup_threads
     if args.from_json:
         import json
 
-        finish(json.loads(args.from_json.read_text()), args.target, args.budget_s, args.out)
+        reports = [json.loads(path.read_text()) for path in args.from_json]
+        finish(merge_reports(reports, args.from_json), args.target, args.budget_s, args.out)
         return
     if args.quick:
         args.steps, args.eval_every, args.sft_steps = 40, 20, 100
@@ -747,13 +753,53 @@ def issue_targets(summary: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return targets
 
 
+def merge_reports(reports: list[dict[str, Any]], paths: Sequence[Path]) -> dict[str, Any]:
+    """One report of several runs' trainers, e.g. a longer run of one trainer added later.
+
+    Their curves compare only from the same weights: every report's evaluation of its start
+    must be the same (the warm-up is seeded, its evaluation too), else this refuses.
+    """
+    first = reports[0]
+    if len(reports) == 1:
+        return first
+    for path, report in zip(paths, reports, strict=True):
+        if report["initial"] != first["initial"]:
+            raise SystemExit(
+                f"{path}: its runs start from other weights (start {report['initial']}, "
+                f"{paths[0]}'s {first['initial']}); only reports of the same warm-up merge"
+            )
+    runs: dict[str, list[dict[str, Any]]] = {}
+    flops: dict[str, float] = {}
+    for report in reports:
+        runs.update(report["runs"])
+        flops.update(report.get("learner_gflop_per_step") or {})
+    return {
+        **first,
+        "runs": runs,
+        "learner_gflop_per_step": flops,
+        "merged_from": [
+            {"path": str(path), "time": r["time"], "trainers": list(r["runs"]), **r["workload"]}
+            for path, r in zip(paths, reports, strict=True)
+        ],
+    }
+
+
+def steps_label(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """`1000 steps`, or each trainer's count where they differ."""
+    steps = {name: max(p["step"] for p in rs[0]["curve"]) for name, rs in runs.items() if rs}
+    if len(set(steps.values())) == 1:
+        return f"{next(iter(steps.values()))} steps"
+    return ", ".join(f"{name} {n}" for name, n in steps.items()) + " steps"
+
+
 def finish(report: dict[str, Any], target: float, budget_s: float, out: Path) -> None:
     """Summary, targets, table, JSON and plot of a report's runs (also `--from-json`)."""
     runs, initial, w = report["runs"], report["initial"], report["workload"]
     summary = summarize(runs, initial, target, budget_s)
     load = report["machine"].get("load_average_at_start", float("nan"))
+    steps = steps_label(runs)
     print(
-        f"\nsaorl vs TRL, {w['steps']} steps x {BATCH} trajectories, seeds {w['seeds']}, "
+        f"\nsaorl vs TRL, {steps} x {BATCH} trajectories, seeds {w['seeds']}, "
         f"target {target}, budget {budget_s:g} s; load average at start {load:.2f}"
     )
     print(
@@ -789,8 +835,7 @@ def finish(report: dict[str, Any], target: float, budget_s: float, out: Path) ->
     }
     write_report(out, report)
     title = (
-        f"saorl vs TRL GRPOTrainer: {w['steps']} steps x {BATCH}, seeds {w['seeds']} "
-        f"(load average {load:.1f})"
+        f"saorl vs TRL GRPOTrainer: {steps} x {BATCH}, seeds {w['seeds']} (load average {load:.1f})"
     )
     plot(runs, initial, target, budget_s, out.with_suffix(".png"), title)
 

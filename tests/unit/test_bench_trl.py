@@ -223,3 +223,37 @@ def test_time_to_target_ratio_is_unknown_until_trl_reaches_it() -> None:
     beyond = bench_trl.issue_targets(summary(60.0, None))
     assert beyond["sao_reaches_target_before_trl_grpo"][-1] is True
     assert beyond["sao_time_to_target_at_most_0.6x_trl_grpo"] == [None, False]
+
+
+def _report(initial: float, runs: dict[str, int]) -> dict[str, object]:
+    def run(steps: int) -> dict[str, object]:
+        return {"curve": [{"step": s, "train_s": s / 5, "accuracy": 0.3} for s in (50, steps)]}
+
+    return {
+        "time": "t",
+        "initial": {"accuracy": initial, "accuracy_greedy": 0.4},
+        "workload": {"steps": max(runs.values())},
+        "runs": {name: [run(n)] for name, n in runs.items()},
+        "learner_gflop_per_step": {name: 1.0 for name in runs if name != "trl_grpo"},
+    }
+
+
+def test_reports_of_one_warm_up_merge_each_trainer_from_the_last() -> None:
+    a = _report(0.137, {"trl_grpo": 3000, "sao": 1000, "grpo": 1000})
+    b = _report(0.137, {"sao": 2000})
+    merged = bench_trl.merge_reports([a, b], [Path("a.json"), Path("b.json")])
+    assert list(merged["runs"]) == ["trl_grpo", "sao", "grpo"]
+    assert merged["runs"]["sao"] is b["runs"]["sao"]  # the later, longer run
+    assert merged["runs"]["grpo"] is a["runs"]["grpo"]
+    assert [m["trainers"] for m in merged["merged_from"]] == [["trl_grpo", "sao", "grpo"], ["sao"]]
+    label = bench_trl.steps_label(merged["runs"])
+    assert label == "trl_grpo 3000, sao 2000, grpo 1000 steps"
+    assert bench_trl.steps_label(a["runs"] | {"trl_grpo": a["runs"]["sao"]}) == "1000 steps"
+    assert bench_trl.merge_reports([a], [Path("a.json")]) is a
+
+
+def test_reports_from_other_weights_do_not_merge() -> None:
+    a = _report(0.137, {"trl_grpo": 1000})
+    b = _report(0.257, {"sao": 1000})
+    with pytest.raises(SystemExit, match="other weights"):
+        bench_trl.merge_reports([a, b], [Path("a.json"), Path("b.json")])
