@@ -257,3 +257,12 @@ def test_reports_from_other_weights_do_not_merge() -> None:
     b = _report(0.257, {"sao": 1000})
     with pytest.raises(SystemExit, match="other weights"):
         bench_trl.merge_reports([a, b], [Path("a.json"), Path("b.json")])
+
+
+def test_trajectories_per_s_compare_only_within_one_report() -> None:
+    arm = {"trajectories_per_s": 100.0, "time_to_target_s": 1.0, "time_to_sustained_target_s": 1.0}
+    summary = {"sao": arm, "grpo": arm, "trl_grpo": arm}
+    assert "sao_trajectories_per_s_at_least_0.9x_grpo" in bench_trl.issue_targets(summary)
+    apart = bench_trl.issue_targets(summary, {"trl_grpo": 0, "grpo": 0, "sao": 1})
+    assert "sao_trajectories_per_s_at_least_0.9x_grpo" not in apart
+    assert apart["sao_time_to_target_at_most_0.6x_trl_grpo"] == [1.0, False]
