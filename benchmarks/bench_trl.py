@@ -430,7 +430,8 @@ def run_trl(
     task = build_env(cfg.env).task
     assert isinstance(task, ArithmeticTask)
     rng = random.Random(seed)
-    n_problems = 2 * trl_steps(args) * BATCH // cfg.algorithm.group_size
+    last = trl_steps(args)
+    n_problems = 2 * last * BATCH // cfg.algorithm.group_size
     problems = [task.sample(rng) for _ in range(n_problems)]
     data = Dataset.from_dict(
         {"prompt": [p.prompt for p in problems], "answer": [p.answer for p in problems]}
@@ -462,7 +463,7 @@ def run_trl(
                 return
             batch = state.global_step // per_batch
             times[batch] = clock.elapsed()
-            if batch % args.eval_every == 0 or batch == trl_steps(args):
+            if batch % args.eval_every == 0 or batch == last:
                 with clock.excluded():
                     snapshots[batch] = {
                         k: v.detach().clone() for k, v in model.state_dict().items()
