@@ -24,6 +24,7 @@ from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.rollout.worker import PromptFeed
 from saorl.types import Batch
+from tests._procs import children_of
 from tests.conftest import tiny_config
 from tests.faults._common import metric_rows, saorl_cmd
 from tests.faults.test_preemption import _rows_reach
@@ -42,24 +43,6 @@ def odd_length(completion: str, **_: object) -> float:
     return float(len(completion) % 2)
 
 
-def _children(pid: int) -> list[int]:
-    """Live rollout processes started by `pid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        if ppid == pid and b"saorl.distributed.proc_actor" in cmdline:
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.mark.timeout(240)
 def test_saorl_train_with_rollout_processes_stops_on_sigterm_and_resumes(tmp_path: Path):
     run_dir = tmp_path / "r"
     args = [
@@ -80,7 +63,7 @@ def test_saorl_train_with_rollout_processes_stops_on_sigterm_and_resumes(tmp_pat
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _rows_reach(run_dir, 3, proc)
-        kids = _children(proc.pid)
+        kids = children_of(proc.pid, b"saorl.distributed.proc_actor")
         assert len(kids) == 1, kids  # rollout.num_workers = 1: one child
         proc.send_signal(signal.SIGTERM)  # finish the step, save with the child alive, stop
         _, err = proc.communicate(timeout=120)

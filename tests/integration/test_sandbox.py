@@ -38,6 +38,7 @@ from saorl.sandbox import (
     set_max_concurrency,
 )
 from saorl.sandbox.output import HeadTail
+from tests._procs import children_of
 
 REPO = Path(__file__).resolve().parents[2]
 QUICK = Limits(wall_s=1.5, cpu_s=5, memory_bytes=512 << 20, max_processes=32)
@@ -389,19 +390,6 @@ HOSTILE = {
 }
 
 
-def _children_of(pid: int) -> list[int]:
-    kids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(entry))
-    return kids
-
-
 @pytest.fixture
 def host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict]:
     """Things on the host the sandbox must not reach: a listener, files, an env var."""
@@ -453,7 +441,7 @@ def test_hostile_program_is_contained(name: str, backend: str, host: dict) -> No
     )
     # Children this process had before (e.g. the math grader's worker, started by an earlier
     # test) are not the sandbox's: only new ones would be leaks.
-    before = set(_children_of(os.getpid()))
+    before = set(children_of(os.getpid(), zombies=True))
     tracemalloc.start()
     try:
         result = run_python(code, case.limits, backend=backend)  # type: ignore[arg-type]
@@ -464,7 +452,7 @@ def test_hostile_program_is_contained(name: str, backend: str, host: dict) -> No
     assert result.status in case.statuses, result
     case.check(result, host)
     assert peak < 32 << 20, f"host memory grew by {peak} bytes reading the output"
-    assert set(_children_of(os.getpid())) - before == set()
+    assert set(children_of(os.getpid(), zombies=True)) - before == set()
     assert run_python("print('alive')").stdout == "alive\n"  # the sandbox still works
 
 

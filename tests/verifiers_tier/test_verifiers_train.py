@@ -6,11 +6,13 @@ episode scored by the taskset's rubric (its named rewards and metrics are env/*)
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from saorl.cli import main
+from tests._procs import children_of
 from tests.verifiers_tier._marks import VERIFIERS_TIER
 
 # a run's episodes each start processes that import verifiers: minutes on 2 shared cores
@@ -32,20 +34,10 @@ TINY = [
 ]
 
 
-def _runners() -> list[int]:
-    """This process's child processes that are verifiers runners."""
-    kids = [
-        int(pid)
-        for task in Path("/proc/self/task").iterdir()
-        for pid in (task / "children").read_text().split()
-    ]
-    cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in kids}
-    return [pid for pid, cmd in cmdlines.items() if b"verifiers_runner" in cmd]
-
-
 def _train(tmp_path: Path, config: Path, *more: str) -> tuple[list[dict], list[dict], dict]:
     assert main(["train", "--config", str(config), f"run.output_dir={tmp_path}", *TINY, *more]) == 0
-    assert _runners() == []  # each worker's runner process ended with it
+    # each worker's runner process ended with it
+    assert children_of(os.getpid(), b"verifiers_runner") == []
     run = next(p for p in tmp_path.iterdir() if p.is_dir())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "loss/policy" in r or "critic/loss" in r]
