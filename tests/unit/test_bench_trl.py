@@ -266,3 +266,20 @@ def test_trajectories_per_s_compare_only_within_one_report() -> None:
     apart = bench_trl.issue_targets(summary, {"trl_grpo": 0, "grpo": 0, "sao": 1})
     assert "sao_trajectories_per_s_at_least_0.9x_grpo" not in apart
     assert apart["sao_time_to_target_at_most_0.6x_trl_grpo"] == [1.0, False]
+
+
+def test_reports_name_the_cpu_model() -> None:
+    # warm-up weights differ between CPU models, so a report says which one it ran on
+    import _common
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists():
+        pytest.skip("no /proc/cpuinfo")
+    names = [
+        x.split(":", 1)[1].strip()
+        for x in cpuinfo.read_text().splitlines()
+        if x.startswith("model name")
+    ]
+    assert _common.machine()["cpu_model"] == (
+        names[0] if names else _common.platform.processor() or None
+    )
