@@ -283,3 +283,9 @@ def test_reports_name_the_cpu_model() -> None:
     assert _common.machine()["cpu_model"] == (
         names[0] if names else _common.platform.processor() or None
     )
+
+
+def test_a_target_gain_is_counted_from_the_start() -> None:
+    start = {"accuracy": 0.305, "accuracy_greedy": 0.77}
+    assert bench_trl.resolve_target(0.32, None, start) == 0.32  # --target alone
+    assert bench_trl.resolve_target(0.32, 0.2, start) == pytest.approx(0.505)  # start + gain
