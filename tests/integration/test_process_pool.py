@@ -43,6 +43,7 @@ def odd_length(completion: str, **_: object) -> float:
     return float(len(completion) % 2)
 
 
+@pytest.mark.timeout(240)
 def test_saorl_train_with_rollout_processes_stops_on_sigterm_and_resumes(tmp_path: Path):
     run_dir = tmp_path / "r"
     args = [
