@@ -20,7 +20,10 @@ correction turns ``rho`` into a weight ``w_t`` that multiplies the token's polic
   the others keep weight 1 (rejection only, no reweighting; the geometric mean makes the band
   independent of the sequence length, which ``rho_seq`` is not).
 
-``PRESETS`` holds each correction's default band with its source. Bands are inclusive.
+``PRESETS`` holds each correction's default band with its source. Bands are inclusive. A
+non-finite ratio (a NaN or infinite log-prob on either side) gets weight 0 under every
+correction (its whole row under ``seq_mis`` and ``geo_rs``) and counts in both ESS as a token
+of weight 0.
 :func:`correction_weights` also returns the diagnostics the stability lab logs: the normalised
 effective sample size of the raw ratios and of the applied weights, and the share of tokens and
 of sequences each correction drops or truncates.
@@ -35,7 +38,7 @@ from typing import Literal, Protocol
 import torch
 from torch import Tensor
 
-from saorl.losses import Metrics, _frac, _out, _zero_outside
+from saorl.losses import Metrics, _frac, _out, _zero_outside, clamp_log_ratio, finite_tokens
 
 Correction = Literal["none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs"]
 CORRECTIONS: tuple[str, ...] = ("none", "tis", "token_mis", "seq_mis", "icepop", "geo_rs")
@@ -137,7 +140,10 @@ def correction_weights(
     if lo > hi:
         raise ValueError(f"correction band is empty: low {lo} > high {hi}")
     m = mask.bool()
-    lr = _zero_outside(log_ratio.detach(), m)
+    # A non-finite ratio gets weight 0 and counts in the ESS as a zero-weight token; a sequence
+    # correction drops its whole row (the row's ratio is unknown).
+    ok = finite_tokens(m, log_ratio)
+    lr = _zero_outside(log_ratio.detach(), ok)
     rho = torch.exp(lr)
     zero = torch.zeros_like(rho)
     truncated = torch.zeros_like(m)
@@ -150,22 +156,24 @@ def correction_weights(
         w = torch.where((rho >= lo) & (rho <= hi), rho, zero)
     else:
         n = m.sum(dim=-1, keepdim=True)
+        whole = ~(m & ~ok).any(dim=-1, keepdim=True)
         total = lr.double().sum(dim=-1, keepdim=True)
         if kind == "seq_mis":
             # In float64: a product of many ratios leaves float32's range long before the band
             # is crossed by much; a row whose sum of logs overflows is dropped, not weighted inf.
             rho_seq = torch.exp(total)
-            keep = (rho_seq >= lo) & (rho_seq <= hi)
+            keep = (rho_seq >= lo) & (rho_seq <= hi) & whole
             w = torch.where(keep, rho_seq, torch.zeros_like(rho_seq)).to(rho.dtype).expand_as(rho)
         else:  # geo_rs
             geo = torch.exp(total / n.clamp_min(1))
-            keep = (geo >= lo) & (geo <= hi)
+            keep = (geo >= lo) & (geo <= hi) & whole
             w = keep.to(rho.dtype).expand_as(rho)
-    w = _zero_outside(w, m)
+    w = _zero_outside(w, ok)
     dropped = m & (w == 0)
     rows = m.any(dim=-1)
+    raw = _zero_outside(torch.exp(clamp_log_ratio(lr)), ok)  # clamped as every metric's ratio
     metrics = {
-        "corr/ess_raw": effective_sample_size(rho, m),
+        "corr/ess_raw": effective_sample_size(raw, m),
         "corr/ess": effective_sample_size(w, m),
         "corr/token_drop_frac": _frac(dropped, m),
         "corr/seq_drop_frac": (rows & ~(m & ~dropped).any(dim=-1)).sum().double()
@@ -210,8 +218,9 @@ def gap_sums(
         staleness: ``(B, T)`` integer policy versions between the sampler and the trainer.
         positions: ``(B, T)`` integer token positions within each row.
     """
-    m = mask.bool()
-    gap = _zero_outside(torch.expm1(log_ratio.double()) - log_ratio.double(), m)
+    m = finite_tokens(mask, log_ratio)  # clamped before exp, as every metric's log-ratio
+    d = clamp_log_ratio(_zero_outside(log_ratio.double(), m))
+    gap = _zero_outside(torch.expm1(d) - d, m)
     out: dict[str, Tensor] = {}
     for what, values, edges in (
         ("stale", staleness, STALENESS_BUCKETS),

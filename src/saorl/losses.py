@@ -9,7 +9,9 @@ the learner adds them up over micro-batches and converts them once per step.
 
 Masked-out positions may hold anything (padding garbage, ``-inf`` log-probs, ``NaN`` values):
 inputs are zeroed there *before* any arithmetic, so they reach neither the loss nor a gradient.
-Metrics are computed under ``torch.no_grad`` and never change gradients.
+So is an action token whose log-prob is not finite (:func:`finite_tokens`; it stays in the
+denominator like a DIS-masked token). Metrics run under ``torch.no_grad``; their log-ratios are
+clamped to ``+-LOG_RATIO_BOUND`` before ``exp`` (:func:`clamp_log_ratio`), so they stay finite.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ Metrics = dict[str, float] | dict[str, Tensor]
 
 Aggregation = Literal["token_mean", "seq_mean_token_mean"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "seq_mean_token_mean")
+
+# Metrics clamp log-ratios to +-20 before exp (verl's rollout-correction bound): exp(20) ~ 4.9e8
+# is far outside every band, and its square (an ESS) still fits float32, where exp(89) is inf.
+LOG_RATIO_BOUND = 20.0
 
 
 def _check_shapes(mask: Tensor, **tensors: Tensor | None) -> None:
@@ -38,6 +44,30 @@ def _zero_outside(x: Tensor, m: Tensor) -> Tensor:
     # torch.where (not multiplication) so that inf/NaN at padding cannot leak as 0 * inf = NaN,
     # neither in the forward value nor in the backward pass.
     return torch.where(m, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def finite_tokens(mask: Tensor, *logprobs: Tensor) -> Tensor:
+    """``mask`` (as bool) where every one of ``logprobs`` is finite: the tokens a loss can use.
+
+    A NaN log-prob compares False against both DIS bounds, so without this it would count as in
+    band and turn the loss and the gradient NaN (and the optimizer would skip the whole step).
+    """
+    ok = mask.bool()
+    for x in logprobs:
+        ok = ok & torch.isfinite(x.detach())
+    return ok
+
+
+@torch.no_grad()
+def nonfinite_tokens(mask: Tensor, *logprobs: Tensor) -> Tensor:
+    """How many tokens of ``mask`` have a non-finite log-prob in ``logprobs`` (float64, 0-dim):
+    ``mismatch/nonfinite_tokens``, the tokens :func:`finite_tokens` keeps out of the loss."""
+    return (mask.bool() & ~finite_tokens(mask, *logprobs)).sum().double()
+
+
+def clamp_log_ratio(log_ratio: Tensor) -> Tensor:
+    """``log_ratio`` clamped to ``+-LOG_RATIO_BOUND``, for metrics that take its exp."""
+    return log_ratio.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
 
 
 def masked_aggregate(per_token: Tensor, mask: Tensor, agg: Aggregation = "token_mean") -> Tensor:
@@ -97,7 +127,9 @@ def sampler_kl_penalty(
     respect to a token's log-prob is ``rho - 1`` (``rho`` the ratio current / rollout) times
     that token's weight: it pulls a token's probability back towards the sampler's.
     """
-    d = _zero_outside(logprobs - rollout_logprobs.detach(), mask.bool())
+    d = _zero_outside(
+        logprobs - rollout_logprobs.detach(), finite_tokens(mask, logprobs, rollout_logprobs)
+    )
     return masked_aggregate(k3(d), mask, agg)
 
 
@@ -113,7 +145,7 @@ def reference_kl_penalty(
     gradient with respect to a token's log-prob is ``1 - ref / current`` times that token's
     weight: it pulls the policy back towards the reference. ``ref_logprobs`` are constants.
     """
-    d = _zero_outside(ref_logprobs.detach() - logprobs, mask.bool())
+    d = _zero_outside(ref_logprobs.detach() - logprobs, finite_tokens(mask, logprobs, ref_logprobs))
     return masked_aggregate(k3(d), mask, agg)
 
 
@@ -203,18 +235,20 @@ def dis_policy_loss(
     """
     _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs, advantages=advantages)
     m = mask.bool()
-    logp = _zero_outside(logprobs, m)
-    log_ratio = _zero_outside(logprobs.detach() - rollout_logprobs.detach(), m)
+    ok = finite_tokens(m, logprobs, rollout_logprobs)  # the others: no loss, no gradient
+    logp = _zero_outside(logprobs, ok)
+    log_ratio = _zero_outside(logprobs.detach() - rollout_logprobs.detach(), ok)
     ratio = torch.exp(log_ratio)
-    below = ratio <= 1.0 - eps_low
-    above = ratio >= 1.0 + eps_high
-    in_band = ~below & ~above & m
+    below = ok & (ratio <= 1.0 - eps_low)
+    above = ok & (ratio >= 1.0 + eps_high)
+    in_band = ~below & ~above & ok
     f = _zero_outside(ratio, in_band)
     adv = _zero_outside(advantages.detach(), m)
     loss = masked_aggregate(-f * adv * logp * _weights(token_weights, m), m, agg)
 
     with torch.no_grad():
-        ratio_mean, ratio_min, ratio_max = _masked_stats(ratio, m)
+        shown = clamp_log_ratio(log_ratio)
+        ratio_mean, ratio_min, ratio_max = _masked_stats(torch.exp(shown), ok)
         metrics = {
             "loss/policy": loss.detach(),
             "dis/masked_frac": _frac(~in_band, m),
@@ -223,7 +257,7 @@ def dis_policy_loss(
             "dis/ratio_mean": ratio_mean,
             "dis/ratio_min": ratio_min,
             "dis/ratio_max": ratio_max,
-            "dis/kl_k3": _masked_stats(k3(log_ratio), m)[0],
+            "dis/kl_k3": _masked_stats(k3(shown), ok)[0],
         }
     return loss, _out(metrics, tensors)
 
@@ -272,24 +306,26 @@ def ppo_clip_policy_loss(
     """
     _check_shapes(mask, logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages)
     m = mask.bool()
-    log_ratio = _zero_outside(logprobs - old_logprobs.detach(), m)
+    ok = finite_tokens(m, logprobs, old_logprobs)  # the others: no loss, no gradient
+    # Clamped (as verl does): exp(89) = inf would backpropagate 0 * inf = NaN when clipped.
+    log_ratio = clamp_log_ratio(_zero_outside(logprobs - old_logprobs.detach(), ok))
     ratio = torch.exp(log_ratio)
     adv = _zero_outside(advantages.detach(), m)
     unclipped = -adv * ratio
     clipped = -adv * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped) * _weights(token_weights, m)
-    loss = masked_aggregate(per_token, m, agg)
+    loss = masked_aggregate(_zero_outside(per_token, ok), m, agg)
 
     with torch.no_grad():
-        clip_active = clipped > unclipped
-        ratio_mean, _, _ = _masked_stats(ratio, m)
+        clip_active = ok & (clipped > unclipped)
+        ratio_mean, _, _ = _masked_stats(ratio, ok)
         metrics = {
             "loss/policy": loss.detach(),
             "ppo/clip_frac": _frac(clip_active, m),
             "ppo/clip_frac_low": _frac(clip_active & (ratio < 1.0 - eps_low), m),
             "ppo/clip_frac_high": _frac(clip_active & (ratio > 1.0 + eps_high), m),
             "ppo/ratio_mean": ratio_mean,
-            "ppo/kl_k3": _masked_stats(k3(log_ratio.detach()), m)[0],
+            "ppo/kl_k3": _masked_stats(k3(log_ratio.detach()), ok)[0],
         }
     return loss, _out(metrics, tensors)
 
@@ -333,7 +369,7 @@ def positive_lm_loss(
         )
     m = mask.bool()
     pos = m & positive.bool()[:, None]
-    loss = masked_aggregate(-logprobs, pos, agg)
+    loss = masked_aggregate(-_zero_outside(logprobs, finite_tokens(pos, logprobs)), pos, agg)
     with torch.no_grad():
         rows = m.any(dim=-1)
         metrics = {
@@ -443,7 +479,8 @@ def logprob_mismatch(
 
     ``k3`` is the non-negative, unbiased estimator of ``KL(engine || learner)`` from tokens
     sampled by the engine (Schulman's k3); both are 0 when the two agree exactly and when
-    ``mask`` is empty.
+    ``mask`` is empty. Tokens with a non-finite log-prob are left out (:func:`nonfinite_tokens`
+    counts them) and ``d`` is clamped to ``+-LOG_RATIO_BOUND`` inside ``k3``.
 
     Args:
         logprobs: ``(B, T)`` learner log-probs of the sampled tokens.
@@ -452,10 +489,10 @@ def logprob_mismatch(
         tensors: metrics as 0-dim tensors (no device sync) instead of python floats.
     """
     _check_shapes(mask, logprobs=logprobs, rollout_logprobs=rollout_logprobs)
-    m = mask.bool()
+    m = finite_tokens(mask, logprobs, rollout_logprobs)  # counted apart: nonfinite_tokens
     d = _zero_outside(logprobs.float() - rollout_logprobs.float(), m)
     metrics = {
-        "mismatch/k3": _masked_stats(k3(d), m)[0],
+        "mismatch/k3": _masked_stats(k3(clamp_log_ratio(d)), m)[0],
         "mismatch/max_abs_logprob_diff": _masked_stats(d.abs(), m)[2],
         "mismatch/tokens": m.sum().double(),
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 
 import torch
 
@@ -75,3 +76,16 @@ def test_the_gap_by_staleness_and_position_is_logged(tiny_policy):
     assert m["gap/k3_stale1"] is None  # no token one version old
     warm = _learner(policy, "critic.warmup_steps=1").step(batch)
     assert all(warm[k] is None for k in lab_keys())  # same columns in critic-only rows
+
+
+def test_the_learner_counts_nonfinite_tokens_and_still_steps(tiny_policy):
+    policy, _ = tiny_policy
+    batch = _batch(policy)
+    rollout = batch.rollout_logprobs.clone()
+    first = batch.action_mask.bool().nonzero()[:2]
+    rollout[first[0, 0], first[0, 1]] = math.nan
+    rollout[first[1, 0], first[1, 1]] = -math.inf
+    m = _learner(policy).step(dataclasses.replace(batch, rollout_logprobs=rollout))
+    assert m["mismatch/nonfinite_tokens"] == 2
+    assert m["learner/skipped_steps"] == 0 and math.isfinite(m["policy/grad_norm"])
+    assert math.isfinite(m["loss/policy"]) and math.isfinite(m["corr/ess_raw"])

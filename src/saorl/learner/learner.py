@@ -212,7 +212,8 @@ class Learner(PolicyUpdate):
             # No policy update yet: the policy keys are logged as null so every row of
             # metrics.jsonl has the same columns.
             policy_keys = ("loss/policy", "dis/masked_frac", "mismatch/k3")
-            metrics.update(dict.fromkeys((*policy_keys, "mismatch/max_abs_logprob_diff")))
+            mismatch = ("mismatch/max_abs_logprob_diff", "mismatch/nonfinite_tokens")
+            metrics.update(dict.fromkeys((*policy_keys, *mismatch)))
             metrics.update(dict.fromkeys(lab_keys()))
         else:
             self._finish_mismatch(metrics)

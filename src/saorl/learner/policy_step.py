@@ -23,6 +23,7 @@ from saorl.losses import (
     dis_policy_loss,
     logprob_mismatch,
     masked_aggregate,
+    nonfinite_tokens,
     positive_lm_loss,
     ppo_clip_policy_loss,
     reference_kl_penalty,
@@ -177,6 +178,10 @@ class PolicyUpdate:
         m.add("mismatch/tokens", n)
         m.add("mismatch/k3_sum", mm["mismatch/k3"] * n)
         m.high("mismatch/max_abs_logprob_diff", mm["mismatch/max_abs_logprob_diff"])
+        # Action tokens with a NaN/inf log-prob (learner, engine or old policy): the losses and
+        # corrections gave them nothing (saorl.losses.finite_tokens); how many, per step.
+        bad = nonfinite_tokens(mask, logprobs, x.rollout_logprobs, reference)
+        m.add("mismatch/nonfinite_tokens", bad * mb.weight)
         # The gap by staleness (0: pure mismatch) and by position (corrections.gap_sums).
         positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
         diff = logprobs.detach() - x.rollout_logprobs

@@ -63,19 +63,30 @@ names the first of those steps (`step`, the onset) and the step it fired (`detec
 Each signal's metric is a score: 0 at its reference (best, initial level or median), 1 at the
 threshold; 0 too while the rule has no reference yet or its metric is absent from the row
 (every row gets every column, with a number).
-Missing, null and non-finite values are skipped (a NaN streak is the learner's to stop).
+Missing and null values are skipped. A NaN or infinite value of a signal's metric fires that
+signal at once (the step that most needs an alarm: an overflowed ratio, a NaN loss); its score
+is then -1 (`collapse_rules.NONFINITE`), which metrics.jsonl keeps where it writes the value as
+null, so a replay of the file finds the same.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-import statistics
-from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from saorl.config.collapse import CollapseConfig
+from saorl.monitoring.collapse_rules import (
+    Below,
+    EvalDrop,
+    Finding,
+    Grow,
+    RewardCrash,
+    Rule,
+    Shrink,
+    Spike,
+    as_step,
+    number,
+)
 
 REWARD_KEY = "rollout/reward_mean"
 EVAL_KEY = "eval/accuracy"
@@ -91,271 +102,6 @@ ESS_KEY = "corr/ess_raw"
 GAP_KEYS = ("gap/k3_stale0", MISMATCH_KEY)  # staleness 0: pure mismatch
 DETECTED = "collapse/detected"
 
-Finding = dict[str, Any]
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _step(value: float) -> int | float:
-    return int(value) if float(value).is_integer() else value
-
-
-def _score(value: float, reference: float, threshold: float) -> float:
-    """0 at the reference, 1 at the threshold, on the side of the threshold; never negative."""
-    span = threshold - reference
-    return max(0.0, (value - reference) / span) if span else 0.0
-
-
-class _Rule:
-    """One signal: a patience counter over the values of one metric and its finding."""
-
-    def __init__(self, name: str, keys: tuple[str, ...], patience: int) -> None:
-        self.name, self.keys, self.patience = name, keys, patience
-        self.streak = 0  # consecutive values over the threshold, up to now
-        self.onset: tuple[float, float, float] | None = None  # (step, value, threshold)
-        self.finding: Finding | None = None
-        self.instant: float | None = None  # this many times over a (positive) threshold: at once
-
-    def value(self, row: dict[str, Any]) -> tuple[str, float] | None:
-        for key in self.keys:
-            v = _number(row.get(key))
-            if v is not None:
-                return key, v
-        return None
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        """`(score, over the threshold, threshold, judged value)`; updates the rule's state.
-
-        The judged value is `value` itself, or the moving average that includes it."""
-        raise NotImplementedError
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        raise NotImplementedError
-
-    def update(self, step: float, row: dict[str, Any]) -> float | None:
-        got = self.value(row)
-        if got is None:
-            return None
-        metric, value = got
-        score, over, threshold, judged = self.judge(value)
-        self.streak = self.streak + 1 if over else 0
-        if self.streak == 1:
-            self.onset = (step, judged, threshold)
-        at_once = over and self.instant is not None and judged > self.instant * threshold > 0
-        if over and self.finding is None and (self.streak >= self.patience or at_once):
-            self._fire(metric, step)
-        return score
-
-    def _fire(self, metric: str, detected: float) -> None:
-        onset, value, threshold = self.onset or (detected, math.nan, math.nan)
-        self.finding = {
-            "step": _step(onset),
-            "detected_step": _step(detected),
-            "signal": self.name,
-            "metric": metric,
-            "value": value,
-            "threshold": threshold,
-            "reason": f"{self.name}: {self.describe(metric, value, threshold)}",
-        }
-
-
-class _Smoothed(_Rule):
-    """Keeps the moving average over `window` values and the initial level (first window)."""
-
-    def __init__(self, name: str, keys: tuple[str, ...], cfg: CollapseConfig) -> None:
-        super().__init__(name, keys, cfg.patience)
-        self.window = cfg.window
-        self.recent: deque[float] = deque(maxlen=cfg.window)
-        self.n = 0
-        self.initial: float | None = None
-
-    def smooth(self, value: float) -> float | None:
-        """The moving average including `value`, or None before the first full window."""
-        self.recent.append(value)
-        self.n += 1
-        if self.n < self.window:
-            return None
-        mean = sum(self.recent) / len(self.recent)
-        if self.initial is None:
-            self.initial = mean
-        return mean
-
-
-class _Shrink(_Smoothed):
-    """Moving average below `frac` x the initial level (entropy and length collapse)."""
-
-    def __init__(self, name: str, key: str, frac: float, cfg: CollapseConfig) -> None:
-        super().__init__(name, (key,), cfg)
-        self.frac = frac
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        mean = self.smooth(value)
-        if mean is None or self.initial is None or self.initial <= 0 or self.frac <= 0:
-            return None, False, math.nan, value
-        threshold = self.frac * self.initial
-        return _score(mean, self.initial, threshold), mean < threshold, threshold, mean
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        return (
-            f"{metric} (moving avg {self.window}) fell to {value:.3g}, below {self.frac:g} x "
-            f"its initial {self.initial:.3g} ({threshold:.3g})"
-        )
-
-
-class _Grow(_Smoothed):
-    """Moving average above `factor` x the initial level + `floor` (a slow rise, not a spike)."""
-
-    def __init__(
-        self, name: str, keys: tuple[str, ...], factor: float, floor: float, cfg: CollapseConfig
-    ) -> None:
-        super().__init__(name, keys, cfg)
-        self.factor, self.floor = factor, floor
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        mean = self.smooth(value)
-        if mean is None or self.initial is None or self.factor <= 0:
-            return None, False, math.nan, value
-        threshold = self.factor * max(self.initial, 0.0) + self.floor
-        if threshold <= self.initial:  # no floor and a level of 0: no scale to judge by
-            return 0.0, False, threshold, mean
-        return _score(mean, self.initial, threshold), mean > threshold, threshold, mean
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        floor = f" + {self.floor:g}" if self.floor else ""
-        return (
-            f"{metric} (moving avg {self.window}) rose to {value:.4g}, above {self.factor:g} x "
-            f"its initial {self.initial:.4g}{floor}"
-        )
-
-
-class _Below(_Rule):
-    """Raw value below a fixed bound, 1 being the ideal (a normalised effective sample size)."""
-
-    def __init__(self, name: str, keys: tuple[str, ...], bound: float, cfg: CollapseConfig) -> None:
-        super().__init__(name, keys, cfg.patience)
-        self.bound = bound
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        if self.bound <= 0:
-            return None, False, math.nan, value
-        return _score(value, 1.0, self.bound), value < self.bound, self.bound, value
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        return f"{metric} fell to {value:.3g}, below {threshold:g} for {self.patience} steps"
-
-
-class _RewardCrash(_Smoothed):
-    """Moving average below its running best by more than the gain- and noise-based gap."""
-
-    def __init__(self, cfg: CollapseConfig) -> None:
-        super().__init__("reward_crash", (REWARD_KEY,), cfg)
-        self.drop, self.noise = cfg.reward_drop, cfg.reward_noise
-        self.abs_diff = 0.0  # sum of |r_t - r_(t-1)| over the whole run
-        self.last: float | None = None
-        self.best = -math.inf
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        if self.last is not None:
-            self.abs_diff += abs(value - self.last)
-        self.last = value
-        mean = self.smooth(value)
-        if mean is None or self.initial is None:
-            return None, False, math.nan, value
-        self.best = max(self.best, mean)
-        # Mean absolute difference of consecutive steps = 2 sigma / sqrt(pi) for iid noise.
-        sigma = math.sqrt(math.pi) / 2 * self.abs_diff / max(self.n - 1, 1)
-        gap = max(self.drop * (self.best - self.initial), self.noise * sigma)
-        if gap <= 0:  # a reward that never moved: nothing to measure a drop against
-            return 0.0, False, self.best, mean
-        threshold = self.best - gap
-        return _score(mean, self.best, threshold), mean < threshold, threshold, mean
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        return (
-            f"{metric} (moving avg {self.window}) fell to {value:.4g}, below {threshold:.4g}: "
-            f"its best {self.best:.4g} minus max({self.drop:g} x its gain over the initial "
-            f"{self.initial:.4g}, {self.noise:g} per-step noise sd)"
-        )
-
-
-class _EvalDrop(_Rule):
-    """Held-out accuracy below `eval_drop` x its best, at two evaluations in a row."""
-
-    def __init__(self, cfg: CollapseConfig, key: str) -> None:
-        super().__init__("eval_drop", (key,), 2)
-        self.frac, self.min_best = cfg.eval_drop, cfg.eval_min_best
-        self.best = -math.inf
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        best = self.best
-        self.best = max(self.best, value)
-        if best < self.min_best or self.frac <= 0:
-            return None, False, math.nan, value
-        threshold = self.frac * best
-        return _score(value, best, threshold), value < threshold, threshold, value
-
-    def finish(self) -> None:
-        """The run ended: a last low evaluation stands without a confirmation."""
-        if self.finding is None and self.streak and self.onset is not None:
-            self._fire(self.keys[0], self.onset[0])  # detected at its onset: nothing came after
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        best = threshold / self.frac
-        return f"{metric} fell to {value:.3f}, below {self.frac:g} x its best {best:.3f}"
-
-
-class _Spike(_Rule):
-    """Raw value above `factor` x the median of the values before it + `floor`."""
-
-    def __init__(
-        self,
-        name: str,
-        keys: tuple[str, ...],
-        factor: float,
-        floor: float,
-        cfg: CollapseConfig,
-        quantile: float | None = None,
-    ) -> None:
-        super().__init__(name, keys, cfg.patience)
-        self.quantile = quantile  # the reference is at least this quantile of the history
-        # Judged once it has `window` values of history (at most the whole baseline window).
-        self.factor, self.floor = factor, floor
-        self.instant = cfg.spike_instant or None
-        self.min_history = min(cfg.window, cfg.baseline_window)
-        self.history: deque[float] = deque(maxlen=cfg.baseline_window)
-        self.everything: list[float] = []  # every value so far, sorted
-        self.median = math.nan
-
-    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        out: tuple[float | None, bool, float, float] = (None, False, math.nan, value)
-        if self.factor > 0 and len(self.history) >= self.min_history:
-            # The run's median too: once a task is solved, most batches carry almost no
-            # gradient, and the ordinary ones would look like spikes against the recent median.
-            run = self.everything
-            self.median = max(statistics.median(self.history), run[len(run) // 2])
-            if self.quantile is not None:  # heavy-tailed k3: the run's own excursions
-                recent = sorted(self.history)
-                self.median = max(self.median, recent[int(self.quantile * (len(recent) - 1))])
-            threshold = self.factor * self.median + self.floor
-            if threshold > self.median:  # a median of 0 without a floor: no scale to judge by
-                score = _score(value, self.median, threshold)
-                out = (score, value > threshold, threshold, value)
-        self.history.append(value)
-        bisect.insort(self.everything, value)
-        return out
-
-    def describe(self, metric: str, value: float, threshold: float) -> str:
-        floor = f" + {self.floor:g}" if self.floor else ""
-        level = "median" if self.quantile is None else "level (median or upper decile)"
-        return (
-            f"{metric} rose to {value:.4g}, above {self.factor:g} x its {level} "
-            f"{self.median:.4g}{floor}"
-        )
-
 
 class CollapseDetector:
     """Streaming collapse detection: `update(row)` per step, `first` the first finding.
@@ -368,19 +114,19 @@ class CollapseDetector:
 
     def __init__(self, cfg: CollapseConfig | None = None, eval_key: str = EVAL_KEY) -> None:
         c = cfg or CollapseConfig()
-        self.rules: list[_Rule] = [
-            _RewardCrash(c),
-            _EvalDrop(c, eval_key),
-            _Shrink("entropy_collapse", ENTROPY_KEY, c.entropy_low, c),
-            _Spike("entropy_explosion", (ENTROPY_KEY,), c.entropy_high, 0.0, c),
-            _Shrink("length_collapse", LENGTH_KEY, c.length_low, c),
-            _Spike("length_explosion", (LENGTH_KEY,), c.length_high, 0.0, c),
-            _Spike("grad_norm_spike", (GRAD_NORM_KEY,), c.grad_norm_spike, 0.0, c),
-            _Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c, K3_QUANTILE),
-            _Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c, K3_QUANTILE),
-            _Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
-            _Below("ess_collapse", (ESS_KEY,), c.ess_low, c),
-            _Grow("mismatch_rise", GAP_KEYS, c.gap_rise, c.mismatch_floor, c),
+        self.rules: list[Rule] = [
+            RewardCrash(c, REWARD_KEY),
+            EvalDrop(c, eval_key),
+            Shrink("entropy_collapse", ENTROPY_KEY, c.entropy_low, c),
+            Spike("entropy_explosion", (ENTROPY_KEY,), c.entropy_high, 0.0, c),
+            Shrink("length_collapse", LENGTH_KEY, c.length_low, c),
+            Spike("length_explosion", (LENGTH_KEY,), c.length_high, 0.0, c),
+            Spike("grad_norm_spike", (GRAD_NORM_KEY,), c.grad_norm_spike, 0.0, c),
+            Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c, K3_QUANTILE),
+            Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c, K3_QUANTILE),
+            Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
+            Below("ess_collapse", (ESS_KEY,), c.ess_low, c),
+            Grow("mismatch_rise", GAP_KEYS, c.gap_rise, c.mismatch_floor, c),
         ]
         self.first: Finding | None = None
         self._rows = 0
@@ -391,7 +137,7 @@ class CollapseDetector:
 
     def update(self, row: dict[str, Any]) -> dict[str, float]:
         """Judge one metrics row; the `collapse/<signal>` scores and `collapse/detected`."""
-        step = _number(row.get("step"))
+        step = number(row.get("step"))
         step = float(self._rows) if step is None else step
         self._rows += 1
         out: dict[str, float] = {}
@@ -402,14 +148,14 @@ class CollapseDetector:
         out[DETECTED] = float(self.first is not None)
         return out
 
-    def _note(self, rule: _Rule) -> None:
+    def _note(self, rule: Rule) -> None:
         if self.first is None and rule.finding is not None:
             self.first = rule.finding
 
     def finish(self) -> Finding | None:
         """The run ended (post-hoc): a last low evaluation fires unconfirmed. The first finding."""
         for rule in self.rules:
-            if isinstance(rule, _EvalDrop):
+            if isinstance(rule, EvalDrop):
                 rule.finish()
                 self._note(rule)
         return self.first
@@ -424,15 +170,15 @@ def merge_steps(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per step, in step order; for a step logged twice (a resumed run re-logs the
     steps after its last checkpoint) the last value of each key wins. Rows without a numeric
     `step` are skipped, unless no row has one: then the row index is the step."""
-    has_step = any(_number(r.get("step")) is not None for r in rows)
+    has_step = any(number(r.get("step")) is not None for r in rows)
     by_step: dict[float, dict[str, Any]] = {}
     for i, row in enumerate(rows):
-        step = _number(row.get("step")) if has_step else float(i)
+        step = number(row.get("step")) if has_step else float(i)
         if step is None:
             continue
         merged = by_step.setdefault(step, {})
         merged.update({k: v for k, v in row.items() if v is not None})
-        merged["step"] = _step(step)
+        merged["step"] = as_step(step)
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -460,11 +206,11 @@ def metric_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float]
     a numeric `step` are skipped, unless no row has one: then the row index is the step.
     Missing keys and nulls (e.g. `loss/policy` during critic warm-up) are skipped.
     """
-    has_step = any(_number(r.get("step")) is not None for r in rows)
+    has_step = any(number(r.get("step")) is not None for r in rows)
     by_step: dict[float, float] = {}
     for i, row in enumerate(rows):
-        step = _number(row.get("step")) if has_step else float(i)
-        value = _number(row.get(key))
+        step = number(row.get("step")) if has_step else float(i)
+        value = number(row.get(key))
         if step is not None and value is not None:
             by_step[step] = value
     steps = sorted(by_step)
