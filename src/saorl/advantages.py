@@ -182,12 +182,18 @@ def length_adaptive_lambda(action_mask: Tensor, alpha: float = 1.5) -> Tensor:
 
 @torch.no_grad()
 def group_normalized_advantages(
-    rewards: Tensor, group_ids: Tensor, eps: float = 1e-6, weights: Tensor | None = None
+    rewards: Tensor,
+    group_ids: Tensor,
+    eps: float = 1e-6,
+    weights: Tensor | None = None,
+    std_norm: bool = True,
 ) -> Tensor:
     """GRPO outcome advantage, normalised within each group (paper section 2).
 
     ``A_i = (R_i - mean_g(R)) / (std_g(R) + eps)`` where ``g`` is the group of sample i and
-    ``std_g`` is the population (ddof=0) standard deviation. A group whose rewards are all
+    ``std_g`` is the population (ddof=0) standard deviation; with ``std_norm=False``
+    ``A_i = R_i - mean_g(R)`` (Dr. GRPO, Liu et al. 2025: dividing by the std weighs the
+    groups that are nearly all right or all wrong most). A group whose rewards are all
     equal, one-member groups included, gets exactly 0 (never NaN or a rounding residue).
     Groups are found with ``torch.unique``; statistics use ``index_add_`` in float64, so
     there is no Python loop over groups and group ids need not be contiguous or sorted.
@@ -199,6 +205,7 @@ def group_normalized_advantages(
         weights: ``(N,)`` each sample's weight in its group's mean and std (None: 1 each).
             The segments of an agent episode weigh 1/k each (``Batch.episode_weights``), so
             the statistics are over episodes, each counted once.
+        std_norm: divide by the group's std (GRPO); False: the mean-centred reward only.
 
     Returns:
         ``(N,)`` advantages in ``rewards``' float dtype (float32 for integer rewards).
@@ -228,7 +235,8 @@ def group_normalized_advantages(
     # Test constancy on the raw rewards: dev of a constant group can be a rounding residue
     # (mean of three 0.1s is not 0.1), which divided by eps would be far from 0.
     constant = (gmax == gmin)[inverse]
-    adv = torch.where(constant, torch.zeros_like(dev), dev / (var.sqrt()[inverse] + eps))
+    scale = var.sqrt()[inverse] + eps if std_norm else torch.ones_like(dev)
+    adv = torch.where(constant, torch.zeros_like(dev), dev / scale)
     return adv.to(out_dtype)
 
 

@@ -113,6 +113,21 @@ def test_vanilla_grpo_loss_is_ppo_clip_on_group_normalised_advantages(tiny_polic
     assert m["ppo/clip_frac"] == 0.0
 
 
+def test_grpo_without_std_normalisation_uses_the_centred_reward(tiny_policy):
+    policy, _ = tiny_policy
+    cfg = tiny_config(
+        "algorithm.name=grpo",
+        "algorithm.group_size=2",
+        "algorithm.minibatches=1",
+        "algorithm.group_std_norm=false",
+    )
+    learner = Learner(cfg, policy, torch.device("cpu"))
+    # Rewards 1 and 0.5 -> mean 0.75 -> advantages +0.25 and -0.25 (the std, 0.25, would make
+    # them +1 and -1): loss = -(3 * 0.25 + 1 * (-0.25)) / 4 = -0.125.
+    batch = Batch.from_trajectories([_traj(0, 1.0, n=3), _traj(0, 0.5, n=1)], pad_id=0)
+    assert learner.step(batch)["loss/policy"] == pytest.approx(-0.125, abs=1e-6)
+
+
 def test_running_mean_baseline_is_per_prompt(tiny_policy):
     policy, _ = tiny_policy
     learner = Learner(tiny_config("algorithm.name=running_mean"), policy, torch.device("cpu"))

@@ -133,6 +133,17 @@ def test_builtin_arms() -> None:
         assert name in ARMS
 
 
+def test_the_arms_of_the_choices_the_paper_leaves_open() -> None:
+    # Reef's per-sample loss aggregation beside saorl's token_mean; GRPO without the std.
+    seq = load_config(None, list(parse_arm("sao_seq_mean").overrides))
+    assert seq.algorithm.loss_agg == "seq_mean_token_mean"
+    assert arm_components(seq)["loss"] == "dis (band 0.3/5), seq_mean_token_mean"
+    no_std = load_config(None, list(parse_arm("grpo_no_std").overrides))
+    assert no_std.algorithm.name == "grpo" and not no_std.algorithm.group_std_norm
+    assert arm_components(no_std)["advantage"] == "group (R - mean within the group, no std)"
+    assert load_config(None, list(ARMS["grpo"])).algorithm.group_std_norm  # GRPO's default
+
+
 def test_custom_arm_syntax_keeps_commas_inside_values() -> None:
     arm = parse_arm('mine:learner.lr=1e-5, rollout.stop=["a","b"],critic.lr=2e-4')
     assert arm == Arm("mine", ("learner.lr=1e-5", 'rollout.stop=["a","b"]', "critic.lr=2e-4"))

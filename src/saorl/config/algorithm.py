@@ -43,6 +43,11 @@ class AlgorithmConfig(_Section):
         description="rollouts per prompt for advantage 'group' and for group_sampling; paper: "
         "GRPO 16 prompts x 8; VAPO 512 prompts x 16",
     )
+    group_std_norm: bool = Field(
+        True,
+        description="advantage 'group': divide by the group's std (GRPO, the paper); false = "
+        "R - group mean only (Dr. GRPO, Liu et al. 2025)",
+    )
     group_sampling: bool = Field(
         False,
         description="sample group_size rollouts per prompt also for a per-sample advantage "

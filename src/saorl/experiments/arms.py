@@ -37,6 +37,10 @@ ARMS: dict[str, tuple[str, ...]] = {
     "sao_k1": ("algorithm.name=sao", "critic.updates_per_step=1"),
     "sao_fixed_lambda": ("algorithm.name=sao", "algorithm.lambda_mode=fixed"),
     "sao_no_warmup": ("algorithm.name=sao", "critic.warmup_steps=0"),
+    # Choices the paper leaves open (docs/algorithms.md): Reef's per-sample loss aggregation,
+    # and GRPO without the std division (Dr. GRPO's advantage).
+    "sao_seq_mean": ("algorithm.name=sao", "algorithm.loss_agg=seq_mean_token_mean"),
+    "grpo_no_std": ("algorithm.name=grpo", "algorithm.group_std_norm=false"),
 }
 DEFAULT_ARMS = ("sao", "grpo", "grpo_dis", "running_mean", "vapo")
 ABLATIONS = ("sao_no_freeze", "sao_k1", "sao_fixed_lambda", "sao_no_warmup")
@@ -144,6 +148,8 @@ def arm_components(cfg: Config) -> dict[str, str]:
         )
     else:
         advantage = "group ((R - mean) / std within the group)"
+        if not a.group_std_norm:
+            advantage = "group (R - mean within the group, no std)"
         if a.advantage == "running_mean":
             advantage = f"running_mean (R - mean of the prompt's last {a.baseline_window})"
         critic = "none"
@@ -155,6 +161,8 @@ def arm_components(cfg: Config) -> dict[str, str]:
         loss += f" + {a.correction} correction"
     if a.lm_loss_coef:
         loss += f" + LM loss {a.lm_loss_coef:g} on correct samples"
+    if a.loss_agg != "token_mean":
+        loss += f", {a.loss_agg}"
     n = a.samples_per_prompt
     groups = "1 (single rollout)" if n == 1 else f"{n} per prompt"
     if n > 1 and a.advantage != "group":

@@ -171,7 +171,10 @@ class Learner(PolicyUpdate):
             # GRPO: the group-normalised outcome, the same on every action token of a row.
             # On the CPU batch: finding the groups (torch.unique) would wait for the device.
             seq_adv = group_normalized_advantages(
-                batch.scores, batch.group_ids, weights=batch.episode_weights
+                batch.scores,
+                batch.group_ids,
+                weights=batch.episode_weights,
+                std_norm=algo.group_std_norm,
             )
             seq_adv = seq_adv.to(device=mask.device, dtype=mask.dtype)
             advantages = seq_adv[:, None] * mask
