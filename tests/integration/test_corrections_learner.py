@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import math
 
+import pytest
 import torch
 
 from saorl.corrections import lab_keys
@@ -85,7 +86,11 @@ def test_the_learner_counts_nonfinite_tokens_and_still_steps(tiny_policy):
     first = batch.action_mask.bool().nonzero()[:2]
     rollout[first[0, 0], first[0, 1]] = math.nan
     rollout[first[1, 0], first[1, 1]] = -math.inf
-    m = _learner(policy).step(dataclasses.replace(batch, rollout_logprobs=rollout))
+    learner = _learner(policy)
+    m = learner.step(dataclasses.replace(batch, rollout_logprobs=rollout))
     assert m["mismatch/nonfinite_tokens"] == 2
     assert m["learner/skipped_steps"] == 0 and math.isfinite(m["policy/grad_norm"])
     assert math.isfinite(m["loss/policy"]) and math.isfinite(m["corr/ess_raw"])
+    # The critic's gradient norm in units of its clip (the collapse detector's critic_clipped).
+    clip = learner.cfg.critic.grad_clip
+    assert m["critic/grad_norm_over_clip"] == pytest.approx(m["critic/grad_norm"] / clip)

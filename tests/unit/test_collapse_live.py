@@ -30,6 +30,8 @@ SIGNALS = (
     "mismatch_spike",
     "masked_frac_spike",
     "ess_collapse",
+    "critic_clipped",
+    "critic_unexplained",
     "mismatch_rise",
 )
 

@@ -129,6 +129,19 @@ class CollapseConfig(_Section):
         "default run (staleness 4) dips to 0.59 for 4 steps, as low as a collapsing run of the "
         "stability lab (examples/lab_reasoning_gym.toml sets 0.85)",
     )
+    critic_clip_x: float = Field(
+        0.0,
+        ge=0,
+        description="critic clipped: critic/grad_norm_over_clip (the critic's gradient norm "
+        "before clipping, in units of critic.grad_clip) above this for patience steps; 0 = off "
+        "(published SAO post-mortems: a collapsed run's critic was clipped 7-70x)",
+    )
+    critic_ev_steps: int = Field(
+        0,
+        ge=0,
+        description="critic not explaining: value/explained_variance below 0 (worse than "
+        "predicting the mean return) for this many steps in a row; 0 = off",
+    )
     gap_rise: float = Field(
         10.0,
         ge=0,

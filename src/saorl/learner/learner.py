@@ -204,6 +204,8 @@ class Learner(PolicyUpdate):
         if gae:
             m.add("loss/value", done.loss)  # the last of the K updates
             m.set("critic/grad_norm", done.grad_norm)
+            # In units of its clip: how hard the clip acts (a collapse signal, `[collapse]`).
+            m.set("critic/grad_norm_over_clip", done.grad_norm / cfg.critic.grad_clip)
             flags.critic_skipped = torch.as_tensor(done.skipped)
         # The step's one sync: its metrics, and the flags that settle the counters.
         floats, decided = self.sharding.read(m, flags)

@@ -49,6 +49,11 @@ Signals (`collapse/<name>`), one rule each:
 - `ess_collapse`: `corr/ess_raw`, the normalised effective sample size of the importance
   ratios (trainer over engine, staleness included; 1 = on-policy), below `ess_low`: most of
   the batch's weight sits on a few tokens, so any importance-weighted update is mostly noise.
+- `critic_clipped`, `critic_unexplained` (the critic's health; both off by default): the
+  critic's gradient norm above `critic_clip_x` x its clip (`critic/grad_norm_over_clip`) for
+  `patience` steps (published SAO post-mortems: a collapsed run's critic was clipped 7-70x),
+  and `value/explained_variance` below 0 for `critic_ev_steps` steps: a critic worse than the
+  mean return hands the policy advantages that are mostly its own error.
 - `mismatch_rise`: the moving average of `gap/k3_stale0` (or `mismatch/k3`: the learner
   against the engine on the tokens sampled with the learner's own weights, i.e. mismatch
   without policy lag) above `gap_rise` x its initial level + `mismatch_floor`. Unlike
@@ -76,6 +81,7 @@ from typing import Any
 
 from saorl.config.collapse import CollapseConfig
 from saorl.monitoring.collapse_rules import (
+    Above,
     Below,
     EvalDrop,
     Finding,
@@ -100,6 +106,8 @@ MISMATCH_KEY = "mismatch/k3"
 MASKED_KEYS = ("dis/masked_frac", "ppo/clip_frac")
 ESS_KEY = "corr/ess_raw"
 GAP_KEYS = ("gap/k3_stale0", MISMATCH_KEY)  # staleness 0: pure mismatch
+CRITIC_CLIP_KEY = "critic/grad_norm_over_clip"
+EV_KEY = "value/explained_variance"
 DETECTED = "collapse/detected"
 
 
@@ -125,7 +133,9 @@ class CollapseDetector:
             Spike("kl_spike", KL_KEYS, c.kl_spike, c.kl_floor, c, K3_QUANTILE),
             Spike("mismatch_spike", (MISMATCH_KEY,), c.kl_spike, c.mismatch_floor, c, K3_QUANTILE),
             Spike("masked_frac_spike", MASKED_KEYS, c.masked_frac_spike, c.masked_frac_floor, c),
-            Below("ess_collapse", (ESS_KEY,), c.ess_low, c),
+            Below("ess_collapse", (ESS_KEY,), c.ess_low, c.patience),
+            Above("critic_clipped", (CRITIC_CLIP_KEY,), c.critic_clip_x, c.patience),
+            Below("critic_unexplained", (EV_KEY,), 0.0, c.critic_ev_steps, c.critic_ev_steps > 0),
             Grow("mismatch_rise", GAP_KEYS, c.gap_rise, c.mismatch_floor, c),
         ]
         self.first: Finding | None = None

@@ -169,19 +169,45 @@ class Grow(Smoothed):
 
 
 class Below(Rule):
-    """Raw value below a fixed bound, 1 being the ideal (a normalised effective sample size)."""
+    """Raw value below a fixed bound, 1 being the ideal (a normalised effective sample size,
+    an explained variance); off when `on` is false (by default: a bound of 0)."""
 
-    def __init__(self, name: str, keys: tuple[str, ...], bound: float, cfg: CollapseConfig) -> None:
-        super().__init__(name, keys, cfg.patience)
+    def __init__(
+        self,
+        name: str,
+        keys: tuple[str, ...],
+        bound: float,
+        patience: int,
+        on: bool | None = None,
+    ) -> None:
+        super().__init__(name, keys, max(patience, 1))
         self.bound = bound
+        self.on = bound > 0 if on is None else on
 
     def judge(self, value: float) -> tuple[float | None, bool, float, float]:
-        if self.bound <= 0:
+        if not self.on:
             return None, False, math.nan, value
         return _score(value, 1.0, self.bound), value < self.bound, self.bound, value
 
     def describe(self, metric: str, value: float, threshold: float) -> str:
         return f"{metric} fell to {value:.3g}, below {threshold:g} for {self.patience} steps"
+
+
+class Above(Rule):
+    """Raw value above a fixed bound, 1 being where it starts to matter (a gradient norm in
+    units of its clip); a bound of 0 is off."""
+
+    def __init__(self, name: str, keys: tuple[str, ...], bound: float, patience: int) -> None:
+        super().__init__(name, keys, patience)
+        self.bound = bound
+
+    def judge(self, value: float) -> tuple[float | None, bool, float, float]:
+        if self.bound <= 0:
+            return None, False, math.nan, value
+        return _score(value, 1.0, self.bound), value > self.bound, self.bound, value
+
+    def describe(self, metric: str, value: float, threshold: float) -> str:
+        return f"{metric} rose to {value:.3g}, above {threshold:g} for {self.patience} steps"
 
 
 class RewardCrash(Smoothed):
