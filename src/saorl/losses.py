@@ -127,9 +127,8 @@ def sampler_kl_penalty(
     respect to a token's log-prob is ``rho - 1`` (``rho`` the ratio current / rollout) times
     that token's weight: it pulls a token's probability back towards the sampler's.
     """
-    d = _zero_outside(
-        logprobs - rollout_logprobs.detach(), finite_tokens(mask, logprobs, rollout_logprobs)
-    )
+    ok = finite_tokens(mask, logprobs, rollout_logprobs)
+    d = clamp_log_ratio(_zero_outside(logprobs - rollout_logprobs.detach(), ok))  # exp(89) = inf
     return masked_aggregate(k3(d), mask, agg)
 
 
@@ -145,7 +144,8 @@ def reference_kl_penalty(
     gradient with respect to a token's log-prob is ``1 - ref / current`` times that token's
     weight: it pulls the policy back towards the reference. ``ref_logprobs`` are constants.
     """
-    d = _zero_outside(ref_logprobs.detach() - logprobs, finite_tokens(mask, logprobs, ref_logprobs))
+    ok = finite_tokens(mask, logprobs, ref_logprobs)
+    d = clamp_log_ratio(_zero_outside(ref_logprobs.detach() - logprobs, ok))  # exp(89) = inf
     return masked_aggregate(k3(d), mask, agg)
 
 

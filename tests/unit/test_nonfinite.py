@@ -15,6 +15,7 @@ from saorl.losses import (
     logprob_mismatch,
     nonfinite_tokens,
     ppo_clip_policy_loss,
+    reference_kl_penalty,
     sampler_kl_penalty,
 )
 from saorl.monitoring.collapse import CollapseDetector, detect_collapse
@@ -98,6 +99,11 @@ def test_an_extreme_log_ratio_keeps_every_logged_metric_finite():
         assert cm["corr/ess_raw"] == pytest.approx(1 / 7, rel=1e-3)  # one token carries it all
     gaps = gap_sums(lp.detach() - rollout, MASK, torch.zeros(2, 4), torch.zeros(2, 4))
     assert all(math.isfinite(v.item()) for v in gaps.values())
+    # The KL penalties too: finite, and no pull from the clamped token (a step kept, not lost).
+    lp.grad = None
+    kl = sampler_kl_penalty(lp, rollout, MASK) + reference_kl_penalty(lp, rollout, MASK)
+    kl.backward()
+    assert math.isfinite(kl.item()) and torch.isfinite(lp.grad).all() and lp.grad[1, 2] == 0
     # And the log-ratio -89 (the engine's probability far above the trainer's).
     _, m = dis_policy_loss(lp, lp.detach() + 89.0, ADV, MASK, 0.3, 5.0)
     assert all(math.isfinite(v) for v in m.values())
