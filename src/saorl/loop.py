@@ -266,7 +266,7 @@ def _rl_loop(
             if stop:
                 stopped_by = "collapse"
                 break
-        errors = pool.stats().errors  # failed episodes by message (saorl.rollout.failures)
+        errors = pool.stats().errors  # failed episodes by type and place (saorl.rollout.failures)
     finally:
         pool.close()
     summary = {

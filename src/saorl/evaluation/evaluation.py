@@ -25,6 +25,7 @@ from saorl.config import Config, ConfigError, ModelConfig, load_config
 from saorl.envs.base import EnvSpec, task_key
 from saorl.evaluation.prompts import prompt_template as resolve_template
 from saorl.rollout.factory import build_engine
+from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -359,6 +360,13 @@ def run_eval(
     bad = Counter(str(e.info.get("error")) for e in episodes if e.stop_reason == "bad_reply")
     if bad:
         summary["bad_replies"] = dict(sorted(bad.items()))
+    # Failed episodes (env, reward function, agent): the first of each kind printed with its
+    # traceback, all counted by type and place, as in training (`saorl.rollout.failures`).
+    failures = FailureLog()
+    for e in episodes:
+        failures.record(e)  # type: ignore[arg-type]
+    if failures.counts:
+        summary["errors"] = failures.counts
     return summary, rows
 
 
