@@ -180,10 +180,10 @@ def _complete(cfg: Config, run_dir: Path, steps: int) -> dict[str, Any]:
 
 def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds: float) -> None:
     """summary.json, with the collapse verdict of the whole run (`saorl.monitoring.collapse`).
-    `wall_seconds`: this process's RL steps, from the rollout pool's start to the last step's
-    checkpoint (evaluations during them included; the warm-up, the initial evaluation, the final
-    export and report not: `warmup_seconds` is the warm-up and initial evaluation; a resumed
-    run counts from its resume)."""
+    `wall_seconds`: this process's RL steps, from the rollout pool's start to its close after
+    the last step (evaluations and checkpoints during them included; the warm-up, the initial
+    evaluation, the final export and report not: `warmup_seconds` is the warm-up and initial
+    evaluation; a resumed run counts from its resume)."""
     summary["wall_seconds"] = seconds
     if "warmup_seconds" in summary:  # beside it (from the run's start, kept across resumes)
         summary["warmup_seconds"] = summary.pop("warmup_seconds")
