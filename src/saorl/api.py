@@ -191,7 +191,9 @@ def train(
     """Train as `saorl train` does; returns the run's summary (also in RUN_DIR/summary.json).
 
     `resume`: continue that run directory; its config.toml is the base config when `config`
-    is None (pass `env=` again if the run was started with an object).
+    is None (pass `env=` again if the run was started with an object). A run that reached its
+    `run.total_steps` is left as it is and its summary returned (raise `run.total_steps` in
+    `overrides` to train it further).
     """
     cfg = train_config(config, overrides, env, resume, trust_remote_code=trust_remote_code)
     if cfg.ray.enabled and reference_kind(cfg.env.name) == "object":
@@ -265,9 +267,9 @@ def run_evaluation(
     greedy: bool = False,
 ) -> tuple[dict[str, Any], Path | None]:
     """Evaluate `model` under an already-resolved `cfg` (from `eval_config`): check the paths,
-    run, and with `write` save the per-problem JSONL and summary (`out`, else
-    evals/MODEL/NAME.jsonl) and print the table. Returns the summary and the JSONL path.
-    `saorl eval` and `evaluate` both end here."""
+    run, and with `write` save the per-problem JSONL and summary (`out`, else RUN/evals/WHICH/
+    NAME.jsonl for a run's model, evals/MODEL/NAME.jsonl for another) and print the table.
+    Returns the summary and the JSONL path. `saorl eval` and `evaluate` both end here."""
     from saorl.evaluation.evaluation import check_paths, run_eval, write_results  # torch
 
     out_str = None if out is None else str(out)
@@ -283,5 +285,11 @@ def run_evaluation(
         greedy=greedy,
         prompt_template=prompt_template,
     )
-    path = write_results(str(model), cfg, summary, rows, out_str) if write else None
+    path = None
+    if write:  # without --out, a run's model has its results in the run folder
+        from saorl.trust import run_config
+
+        saved = None if base_url is not None else run_config(Path(model))
+        run_dir = None if saved is None else Path(saved).parent
+        path = write_results(str(model), cfg, summary, rows, out_str, run_dir)
     return summary, path

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -246,8 +247,9 @@ def _eval(args: argparse.Namespace) -> int:
     if args.print_config:
         sys.stdout.write(config_to_toml(cfg))
         return 0
+    started = time.monotonic()
     try:
-        _, path = api.run_evaluation(
+        summary, path = api.run_evaluation(
             args.model,
             cfg,
             k=args.k,
@@ -263,7 +265,24 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
     print(printable(f"per-problem results: {path}"))
+    print(printable(_eval_headline(args.model, cfg, summary, time.monotonic() - started)))
     return 0
+
+
+def _eval_headline(model: str, cfg: Config, summary: dict[str, Any], seconds: float) -> str:
+    """The last line of `saorl eval`: the task, the score, how many problems, how long."""
+    from saorl.evaluation.evaluation import task_name
+
+    k = summary.get("k", 1)
+    score = f"avg@{k} {summary.get(f'avg@{k}', 0.0):.3f}"
+    if k > 1:
+        score += f", pass@{k} {summary.get(f'pass@{k}', 0.0):.3f}"
+    failed = sum((summary.get("errors") or {}).values())
+    fails = f", {failed} episodes failed (above)" if failed else ""
+    return (
+        f"saorl eval: {model} on {task_name(cfg.env)}: {score} over "
+        f"{summary.get('problems', 0)} problems{fails}; {_duration(seconds)}"
+    )
 
 
 def _config_failure(exc: ConfigError, command: str = "train") -> int:
@@ -283,3 +302,33 @@ def _print_summary(cfg: Config, summary: dict[str, Any]) -> None:
     for message, count in (summary.get("errors") or {}).items():
         print(printable(f"failed episodes: {count} x {message}"))
     print(printable(f"run directory: {run_dir}"))
+    print(printable(_train_headline(summary)))
+
+
+def _train_headline(summary: dict[str, Any]) -> str:
+    """The last line of `saorl train`: held-out accuracy before -> after, steps, wall time."""
+
+    def acc(key: str) -> str:
+        value = summary.get(key)
+        return "-" if value is None else f"{value:.3f}"
+
+    before, after = "initial_eval_accuracy", "final_eval_accuracy"
+    greedy = f"{acc(before + '_greedy')} -> {acc(after + '_greedy')}"
+    warmup, steps = summary.get("warmup_seconds"), summary.get("wall_seconds") or 0.0
+    took = _duration(steps) + " of RL steps"
+    if warmup is not None:
+        took = f"{_duration(warmup + steps)} ({_duration(warmup)} warm-up, {took})"
+    return (
+        f"saorl train: held-out accuracy {acc(before)} -> {acc(after)} (greedy {greedy}) "
+        f"in {summary.get('steps', 0)} steps; {took}"
+    )
+
+
+def _duration(seconds: float) -> str:
+    """`7.2 s`, `2 min 59 s`, `1 h 05 min`."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    s = round(seconds)
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    return f"{s // 3600} h {s // 60 % 60:02d} min"

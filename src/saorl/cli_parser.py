@@ -229,7 +229,11 @@ def _add_eval_parser(commands: Any) -> None:
     ev.add_argument("--k", type=int, default=1, help="samples per problem (default 1)")
     ev.add_argument("--limit", type=int, metavar="N", help="the first N held-out problems only")
     ev.add_argument("--greedy", action="store_true", help="argmax decoding instead of sampling")
-    ev.add_argument("--out", metavar="FILE", help="per-problem JSONL (evals/MODEL/NAME.jsonl)")
+    ev.add_argument(
+        "--out",
+        metavar="FILE",
+        help="per-problem JSONL (RUN/evals/..., else evals/MODEL/NAME.jsonl)",
+    )
     ev.add_argument("--base-url", metavar="URL", help="OpenAI-compatible endpoint, e.g. .../v1")
     ev.add_argument("--api-key", metavar="KEY", help="the endpoint's API key")
     ev.add_argument(

@@ -96,7 +96,7 @@ class PoolStats:
     prompt_too_long: int  # prompts that filled the context before a token was generated
     idle_s: float  # seconds an engine had nothing to generate, mean over workers
     tokens_generated: int  # tokens sampled by every engine together
-    errors: dict[str, int] = field(default_factory=dict)  # env_error episodes by message
+    errors: dict[str, int] = field(default_factory=dict)  # env_error episodes by group
 
 
 class RolloutPool(Protocol):

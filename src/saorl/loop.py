@@ -97,12 +97,21 @@ def _train(
             state = open_sharded(load_latest_checkpoint(run_dir, quarantine=True)[1])
         except FileNotFoundError as e:
             raise ConfigError(f"--resume: {e}") from e
-    (run_dir / "config.toml").write_text(config_to_toml(cfg))  # a refused resume leaves it be
     if state is not None:
         learner.restore(state)
+        if learner.steps >= cfg.run.total_steps and (run_dir / "summary.json").is_file():
+            return _complete(cfg, run_dir, learner.steps)  # a finished run: nothing changes
+    (run_dir / "config.toml").write_text(config_to_toml(cfg))  # a refused resume leaves it be
+    if state is not None:
+        print(
+            f"saorl: resuming {run_dir} from step {learner.steps} "
+            f"(run.total_steps {cfg.run.total_steps})",
+            file=sys.stderr,
+            flush=True,
+        )
         prompt_rng.setstate(state["prompt_rng"])
         started = state["data_position"]
-        extra = {k: v for k, v in state.items() if k.startswith("initial_eval")}
+        extra = {k: v for k, v in state.items() if k.startswith(_KEPT)}
         truncate_metrics(run_dir / "metrics.jsonl", learner.steps)
         truncate_metrics(run_dir / SAMPLES_FILE, learner.steps)
     progress = TrainProgress(
@@ -111,6 +120,7 @@ def _train(
     trackers = open_trackers(cfg, run_dir, learner.steps if state is not None else None)
     with progress, MetricsLogger(run_dir, trackers) as log:
         if state is None:
+            t_warmup = time.perf_counter()
             if cfg.learner.sft_steps:
                 learner.warm_up(spec, tokenizer, progress)
             if cfg.critic.init_from:
@@ -119,6 +129,8 @@ def _train(
             extra = {
                 "initial_eval_accuracy": ev["eval/accuracy"],
                 "initial_eval_accuracy_greedy": ev["eval/accuracy_greedy"],
+                # Before the RL steps (`wall_seconds`): warm-up and initial evaluation
+                "warmup_seconds": time.perf_counter() - t_warmup,
             }
             log.log({"step": 0, **ev})
             rollout_state = {"prompt_rng": prompt_rng.getstate(), "data_position": started}
@@ -148,9 +160,33 @@ def _train(
     return summary
 
 
+# Checkpointed with every step and restored on a resume: the summary's facts of the run's start
+_KEPT = ("initial_eval", "warmup_seconds")
+
+
+def _complete(cfg: Config, run_dir: Path, steps: int) -> dict[str, Any]:
+    """`--resume` of a run that reached `run.total_steps`: said, and its summary returned as
+    it is; nothing in the folder is written (raising `run.total_steps` continues it)."""
+    print(
+        f"saorl train: {run_dir} is complete (step {steps} of run.total_steps "
+        f"{cfg.run.total_steps}); nothing changed. To train further, raise it: saorl train "
+        f"--resume {run_dir} run.total_steps={steps + max(steps, 1)}",
+        file=sys.stderr,
+        flush=True,
+    )
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return {**summary, "run_dir": str(run_dir)} if isinstance(summary, dict) else {}
+
+
 def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds: float) -> None:
-    """summary.json, with the collapse verdict of the whole run (`saorl.monitoring.collapse`)."""
+    """summary.json, with the collapse verdict of the whole run (`saorl.monitoring.collapse`).
+    `wall_seconds`: this process's RL steps, from the rollout pool's start to its close after
+    the last step (evaluations and checkpoints during them included; the warm-up, the initial
+    evaluation, the final export and report not: `warmup_seconds` is the warm-up and initial
+    evaluation; a resumed run counts from its resume)."""
     summary["wall_seconds"] = seconds
+    if "warmup_seconds" in summary:  # beside it (from the run's start, kept across resumes)
+        summary["warmup_seconds"] = summary.pop("warmup_seconds")
     summary["run_dir"] = str(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     summary["collapse"] = detect_collapse(rows, cfg.collapse)
@@ -266,7 +302,7 @@ def _rl_loop(
             if stop:
                 stopped_by = "collapse"
                 break
-        errors = pool.stats().errors  # failed episodes by message (saorl.rollout.failures)
+        errors = pool.stats().errors  # failed episodes by type and place (saorl.rollout.failures)
     finally:
         pool.close()
     summary = {

@@ -132,6 +132,28 @@ def test_eval_a_run_uses_its_config(run_dir, tmp_path):
     assert main(["eval", str(run_dir / "final"), "--print-config"]) == 0
 
 
+def test_eval_of_a_run_writes_in_the_run_folder_and_ends_with_a_headline(run_dir, tmp_path):
+    # Without --out the results go to RUN/evals/, not to evals/ in the current folder: the
+    # run's final policy under final/, a checkpoint under its own name.
+    ckpt = sorted((run_dir / "checkpoints").glob("step_*.pt"))[-1]
+    for model, which in ((run_dir, "final"), (ckpt, ckpt.stem)):
+        proc = subprocess.run(
+            [sys.executable, "-m", "saorl", "eval", str(model), "--limit", "2", *FAST],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr
+        out = run_dir / "evals" / which / "arithmetic.jsonl"
+        assert len(out.read_text().splitlines()) == 2 and _summary(out)["problems"] == 2
+        lines = proc.stdout.strip().splitlines()
+        assert lines[-2].endswith(f"per-problem results: {out}")
+        assert lines[-1].startswith(f"saorl eval: {model} on arithmetic: avg@1 "), lines[-1]
+        assert lines[-1].split("over 2 problems; ")[1].endswith(" s")
+    assert not (tmp_path / "evals").exists()
+
+
 def test_eval_overrides_and_a_bad_one(run_dir, tmp_path, capsys):
     out = tmp_path / "e.jsonl"
     proc = _eval(str(run_dir), "env.eval_size=8", "--out", str(out))

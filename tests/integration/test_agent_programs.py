@@ -1,7 +1,8 @@
 """Agent programs through the endpoint: a tiny real model's record checked against its engine
 and the learner's log-prob computation, the OpenAI Agents SDK with a function tool, command
 agents (any language: stdin, environment variables, last stdout line), and every way an agent
-can fail its episode while the run goes on."""
+can fail its episode while the run goes on: the first failure of each kind shown with the
+program's own file:line, a forgotten `return` said once."""
 
 from __future__ import annotations
 
@@ -222,3 +223,78 @@ async def _rg_agent(task, client):
     await client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": task["question"]}]
     )
+
+
+RAISING_AGENT = """\
+async def run(task, client):
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": task["prompt"]}]
+    )
+    return lookup(task)
+
+
+def lookup(task):
+    return {}[task["key"]]  # the user's bug: the message differs by task
+"""
+
+
+def test_an_agent_that_raises_is_shown_once_by_its_file_and_line(tmp_path):
+    import io
+
+    from saorl.envs.custom import load_reference
+    from saorl.rollout.failures import FailureLog
+
+    path = tmp_path / "my_agent.py"
+    path.write_text(RAISING_AGENT)
+    tok = _tok()
+    tasks = [{**TASK, "key": k} for k in ("a", "b", "c")]
+    trajs, _ = run_agents(
+        ScriptedEngine(tok, ["hi"] * 3), tok, tasks, load_reference(f"{path}:run", "env.agent")
+    )
+    assert {t.info["error"] for t in trajs} == {f"agent: KeyError: '{k}'" for k in "abc"}
+    out = io.StringIO()
+    log = FailureLog(out)
+    for t in trajs:
+        log.record(t)
+    # Three messages, one place: one group, counted three times, printed once.
+    (group,) = log.counts
+    assert group.startswith("agent: KeyError at ") and group.endswith("my_agent.py:9"), group
+    assert log.counts[group] == 3
+    text = out.getvalue()
+    assert text.count("saorl: episode failed") == 1, text
+    assert f'File "{path}", line 9, in lookup' in text and "return lookup(task)" in text
+    assert "saorl/" not in text  # saorl's own frames are trimmed
+    assert "the agent failed" in text
+
+
+def test_an_agent_that_returns_none_is_told_once(capfd):
+    from saorl.config import EnvConfig
+    from saorl.envs.agent import AgentProgram
+
+    tok = _tok()
+
+    async def forgot_return(task, client):
+        await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": task["prompt"]}]
+        )
+
+    told: set[str] = set()  # one run's notes, as build_agent_spec shares them
+    cfg = EnvConfig(agent="my_agent.py:run", step_timeout_s=60.0)
+    tasks = [{**TASK, "key": k} for k in ("a", "b", "c")]
+    trajs, _ = run_agents(
+        ScriptedEngine(tok, ["42"] * 3),
+        tok,
+        tasks,
+        make_env=lambda: AgentProgram(cfg, forgot_return, _grader, None, told),
+    )
+    assert [t.reward for t in trajs] == [1.0] * 3  # the grader scored each one
+    err = capfd.readouterr().err
+    assert err.count("returned None") == 1, err
+    assert "my_agent.py:run' returned None, so the grader of env.agent_tasks ('math')" in err
+
+
+def _grader():
+    env = ArithmeticEnv()
+    reset = env.reset
+    env.reset = lambda task: reset(Problem(task["prompt"], task["answer"], task["key"]))
+    return env

@@ -126,3 +126,45 @@ def test_damaged_latest_checkpoint_falls_back_to_previous(tmp_path: Path):
     (tmp_path / "checkpoints" / "step_00000004.pt").write_bytes(b"truncated")
     path, state = load_latest_checkpoint(tmp_path)
     assert state["step"] == 2 and path.name == "step_00000002.pt"
+
+
+def test_resume_of_a_finished_run_changes_nothing_unless_total_steps_is_raised(tmp_path: Path):
+    run_dir = tmp_path / "r"
+    base = [*TINY, "learner.sft_steps=2", f"run.output_dir={tmp_path}", "run.name=r"]
+    first = subprocess.run(
+        _saorl("train", *base, "run.total_steps=2"), capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == 0, first.stderr
+    # It ends with a headline: held-out accuracy before -> after, steps, wall time.
+    last = first.stdout.strip().splitlines()[-1]
+    assert last.startswith("saorl train: held-out accuracy ") and " in 2 steps; " in last, last
+    assert "warm-up" in last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["warmup_seconds"] > 0 and summary["wall_seconds"] > 0
+    files = ("summary.json", "metrics.jsonl", "config.toml")
+    before = {name: (run_dir / name).read_bytes() for name in files}
+    ckpts = [p.name for p in list_checkpoints(run_dir)]
+
+    done = subprocess.run(
+        _saorl("train", "--resume", str(run_dir)), capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{run_dir} is complete (step 2 of run.total_steps 2); nothing changed" in done.stderr
+    assert "resuming" not in done.stderr
+    assert {name: (run_dir / name).read_bytes() for name in files} == before
+    assert [p.name for p in list_checkpoints(run_dir)] == ckpts
+
+    more = subprocess.run(
+        _saorl("train", "--resume", str(run_dir), "run.total_steps=3"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert more.returncode == 0, more.stderr
+    assert f"saorl: resuming {run_dir} from step 2 (run.total_steps 3)" in more.stderr
+    resumed = json.loads((run_dir / "summary.json").read_text())
+    assert resumed["steps"] == 3 and resumed["final_eval_accuracy"] is not None
+    # The warm-up ran once, before the first run's steps: its time is kept, beside wall_seconds.
+    assert resumed["warmup_seconds"] == summary["warmup_seconds"]
+    keys = list(resumed)
+    assert keys.index("warmup_seconds") == keys.index("wall_seconds") + 1

@@ -262,3 +262,18 @@ def test_eval_results_of_two_models_do_not_overwrite_each_other(
     assert second == Path("evals/Qwen_Qwen3-1.7B/math500.jsonl")
     assert json.loads(first.with_suffix(".summary.json").read_text()) == {"accuracy": 0.5}
     assert model_label("builtin:tiny") == "builtin_tiny"
+
+
+def test_eval_of_an_agent_names_its_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from saorl.evaluation.evaluation import task_name, write_results
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_agent.py").write_text("async def run(task, client):\n    return 1.0\n")
+    cfg = load_config(None, ["env.name=agent", "env.agent=my_agent.py:run"])
+    name = task_name(cfg.env)  # the tasks' own name: the dataset of env.agent_tasks = 'math'
+    assert name == Path(cfg.env.dataset).stem and name not in ("", "agent")
+    path = write_results("builtin:tiny", cfg, {"accuracy": 1.0}, [], None)
+    assert path == Path(f"evals/builtin_tiny/{name}.jsonl")
+    assert f"saorl eval: builtin:tiny on {name} (agent " in capsys.readouterr().out

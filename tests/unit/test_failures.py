@@ -1,5 +1,6 @@
-"""Failed episodes are never silent: each distinct error printed once with the user's frames,
-counted, and a first batch of mostly failures stops the run (exit 2, the error named)."""
+"""Failed episodes are never silent: the first of each group (exception type and the user's
+file:line) printed with the user's frames, all counted by group, and a first batch of mostly
+failures stops the run (exit 2, the error and what to fix named)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def user_step(action: str) -> None:
     return {}["missing"]  # the user's bug
 
 
+# The group of its failures: the innermost cause's type and the user's file:line.
+HERE = f"KeyError at tests/unit/test_failures.py:{user_step.__code__.co_firstlineno + 1}"
+
+
 def _failed(key: str = "k", where: str = "step") -> Trajectory:
     try:
         try:
@@ -40,24 +45,51 @@ def test_failure_info_keeps_the_innermost_frames() -> None:
     info = _failed().info
     assert info["error"] == "step: RuntimeError: wrapped"
     assert "in user_step" in info["traceback"] and "KeyError: 'missing'" in info["traceback"]
+    # Grouped by the innermost cause's type and the user's file:line, not by message.
+    assert info["error_group"] == f"step: {HERE}"
+    assert info["error_source"] == "environment"
 
 
-def test_each_message_printed_once_and_counted() -> None:
+def test_saorl_frames_are_trimmed_and_a_reward_function_is_named() -> None:
+    from saorl.envs.rewards import RewardEnv, RewardFn
+
+    def broken(completion: str) -> float:
+        return float(completion)  # the user's line
+
+    fns = [RewardFn("broken", broken, 1.0, frozenset({"completion"}))]
+    env = RewardEnv(None, fns, 5.0)  # type: ignore[arg-type]
+    try:
+        asyncio.run(env.score({}, "not a number", []))
+    except Exception as e:
+        info = failure_info("step", e)
+    assert info["error_source"] == "reward function"
+    assert info["error_group"].startswith("step: ValueError at tests/unit/test_failures.py:")
+    assert "return float(completion)" in info["traceback"]
+    assert "saorl/envs/rewards.py" not in info["traceback"]  # saorl's wrapper is not shown
+
+
+def test_each_group_printed_once_and_counted() -> None:
     out = io.StringIO()
     log = FailureLog(out)
-    for _ in range(3):
-        log.record(_failed())
+    for i in range(3):
+        t = _failed()
+        t.info["error"] = f"step: RuntimeError: wrapped {i}"  # texts differ, the place does not
+        log.record(t)
     log.record(_ok())
     log.record(_failed(where="reset"))
-    assert log.counts == {"step: RuntimeError: wrapped": 3, "reset: RuntimeError: wrapped": 1}
+    assert log.counts == {f"step: {HERE}": 3, f"reset: {HERE}": 1}
     text = out.getvalue()
-    assert text.count("saorl: episode failed (task k): step: RuntimeError: wrapped") == 1
-    assert text.count("in user_step") == 2  # once per distinct message
-    for i in range(MAX_DISTINCT + 5):
-        t = _failed()
-        t.info["error"] = f"step: ValueError: {i}"
-        log.record(t)
+    assert text.count("saorl: episode failed (task k): step: RuntimeError: wrapped 0") == 1
+    assert "wrapped 1" not in text
+    assert text.count("in user_step") == 2  # once per group
+    assert "(the environment failed;" in text
+    for i in range(MAX_DISTINCT + 5):  # errors with no place of their own: by message
+        log.record(_message(f"step: timed out after {i} s"))
     assert len(log.counts) == MAX_DISTINCT + 1 and log.counts[OTHER] == 7
+
+
+def _message(error: str) -> Trajectory:
+    return Trajectory([1], [], [], [], [], stop_reason="env_error", info={"error": error})
 
 
 def _collector(trajs: list[Trajectory]) -> BatchCollector:
@@ -84,7 +116,8 @@ def test_a_first_batch_of_mostly_failures_stops_the_run() -> None:
             _ok("length"),
         ]
     )
-    with pytest.raises(ConfigError, match=r"4 of the first 5 episodes .* \(4 times\): step: "):
+    match = r"4 of the first 5 episodes .* \(4 times, step: KeyError at .*\): step: .*fix the env"
+    with pytest.raises(ConfigError, match=match):
         c.collect(0, 4, 1)
 
 
@@ -116,7 +149,8 @@ def test_some_failures_or_later_ones_do_not_stop_it() -> None:
     )
     assert len(c.collect(0, 4, 1)[0]) == 4  # 1 of 4 failed
     assert len(c.collect(0, 4, 1)[0]) == 4  # the second batch is not checked
-    assert c.failures.counts == {"step: RuntimeError: wrapped": 9} and c.failed == 9
+    assert c.failures.counts == {f"step: {HERE}": 9}
+    assert c.failed == 9
 
 
 def test_a_custom_env_step_that_raises_is_recorded_by_the_worker() -> None:

@@ -144,6 +144,38 @@ def test_tools_reach_a_real_chat_template() -> None:
     assert tok.decode(obs) == "<tool>3\n<assistant>"
 
 
+def test_tools_a_tokenizer_cannot_render_are_warned_about_once(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from saorl.models.tokenizer import build_char_tokenizer
+    from saorl.rollout import agent
+    from saorl.rollout.agent import ChatCodec
+
+    monkeypatch.setattr(agent, "_TOOLS_WARNED", set())
+    tools = FunctionTools([add]).schemas
+    messages = [{"role": "user", "content": "1+2?"}]
+    plain = build_char_tokenizer(with_newlines=True)  # no chat template at all
+    for _ in range(3):
+        ChatCodec(plain).prompt_ids(messages, tools)
+    err = capsys.readouterr().err
+    assert err.count("saorl: warning: tools (add) were given") == 1, err
+    assert "has no chat template: the model never sees their schemas" in err
+    toolless = build_char_tokenizer(with_newlines=True)  # a template that never reads `tools`
+    toolless.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    toolless.name_or_path = "toolless"
+    ChatCodec(toolless).prompt_ids(messages)  # no tools: nothing to say
+    assert capsys.readouterr().err == ""
+    for _ in range(2):
+        ChatCodec(toolless).prompt_ids(messages, tools)
+    err = capsys.readouterr().err
+    assert err.count("'toolless' has no chat template that renders tools") == 1, err
+    renders = build_char_tokenizer(with_newlines=True)
+    renders.chat_template = "{{ tools | tojson }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    renders.name_or_path = "renders"
+    ChatCodec(renders).prompt_ids(messages, tools)
+    assert capsys.readouterr().err == ""
+
+
 def _step(env: MathToolEnv, call: dict | str) -> tuple[str, dict]:
     text = call if isinstance(call, str) else f"<tool_call>{json.dumps(call)}</tool_call>"
     result = asyncio.run(env.step(text))

@@ -35,6 +35,7 @@ import math
 import numbers
 import os
 import signal
+import sys
 import time
 import weakref
 from collections.abc import Callable
@@ -72,8 +73,13 @@ class AgentProgram:
         fn: Callable[..., Any] | None,
         grader: Callable[[], Env] | None,
         scorer: RewardEnv | None,
+        told: set[str] | None = None,
     ) -> None:
         self.fn, self.command = fn, cfg.agent_command
+        self.name = cfg.agent or cfg.agent_command
+        self.tasks = cfg.agent_tasks
+        # Notes printed once per run: the set is shared by the run's programs (one per episode)
+        self.told = _TOLD if told is None else told
         self.grader, self.scorer = grader, scorer
         self.host, self.models = cfg.agent_host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
@@ -101,6 +107,8 @@ class AgentProgram:
             result = await self._spawn(task_dict(task), base_url, api_key, worker)
         reward, metrics = _read_result(result, self.metric_prefix)
         if reward is None:
+            if result is None:
+                self._tell_once("none")
             reward, metrics = await self._score(task, conversation(), metrics)
         return reward, metrics
 
@@ -190,6 +198,22 @@ class AgentProgram:
         self.home.mkdir(parents=True, exist_ok=True)
         return {"SAORL_AGENT_HOME": str(self.home)}
 
+    def _tell_once(self, note: str) -> None:
+        """A program that returns None trains on another reward: said once (a forgotten
+        `return` trains silently on the grader otherwise)."""
+        if note in self.told:
+            return
+        self.told.add(note)
+        scorer = "env.reward_fns" if self.scorer is not None else None
+        who = scorer or f"the grader of env.agent_tasks ({self.tasks!r})"
+        print(
+            f"saorl: the agent {self.name!r} returned None, so {who} scores its episodes "
+            "instead; if a `return` of the reward is missing, add it (docs/agents.md, "
+            "Rewards). Said once.",
+            file=sys.stderr,
+            flush=True,
+        )
+
     async def _score(
         self, task: Any, messages: list[dict], metrics: dict[str, Any]
     ) -> tuple[float, dict[str, Any]]:
@@ -206,6 +230,8 @@ class AgentProgram:
         result = await env.step(answers[-1]["content"])
         return result.reward, metrics
 
+
+_TOLD: set[str] = set()  # notes of programs built without their run's own set (tests)
 
 _HTTP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
@@ -260,9 +286,10 @@ def build_agent_spec(
     scorer = None
     if cfg.reward_fns:
         scorer = RewardEnv(None, load_reward_fns(cfg), cfg.reward_timeout_s)  # type: ignore[arg-type]
+    told: set[str] = set()  # the run's notes said once (`AgentProgram._tell_once`)
     return EnvSpec(
         source.task,
-        lambda: AgentProgram(cfg, fn, source.make_env, scorer),  # type: ignore[arg-type,return-value]
+        lambda: AgentProgram(cfg, fn, source.make_env, scorer, told),  # type: ignore[arg-type,return-value]
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_tool_calls,
         demo=source.demo,  # the warm-up; it helps when the agent's prompt is the task's own

@@ -25,6 +25,7 @@ from saorl.config import Config, ConfigError, ModelConfig, load_config
 from saorl.envs.base import EnvSpec, task_key
 from saorl.evaluation.prompts import prompt_template as resolve_template
 from saorl.rollout.factory import build_engine
+from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -359,6 +360,13 @@ def run_eval(
     bad = Counter(str(e.info.get("error")) for e in episodes if e.stop_reason == "bad_reply")
     if bad:
         summary["bad_replies"] = dict(sorted(bad.items()))
+    # Failed episodes (env, reward function, agent): the first of each kind printed with its
+    # traceback, all counted by type and place, as in training (`saorl.rollout.failures`).
+    failures = FailureLog()
+    for e in episodes:
+        failures.record(e)  # type: ignore[arg-type]
+    if failures.counts:
+        summary["errors"] = failures.counts
     return summary, rows
 
 
@@ -403,16 +411,43 @@ def check_paths(model: str, out: str | None, served: bool) -> None:
         check(model_path)
 
 
-def write_results(
-    model: str, cfg: Config, summary: dict[str, Any], rows: list[dict[str, Any]], out: str | None
-) -> Path:
-    """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path.
+def task_name(env: Any) -> str:
+    """The name of an evaluation's task (`env`: the `[env]` section): the dataset file's stem
+    (env 'math'), the task file's stem or `swe_generated` (env 'swe'), the attribute's name of
+    your own env ('module:attr', 'file.py:attr'), else the env's name; an agent program's is
+    that of its tasks (`env.agent_tasks`)."""
+    if env.name == "agent":
+        return task_name(env.model_copy(update={"name": env.agent_tasks}))
+    if env.name == "math":
+        return Path(env.eval_dataset or env.dataset).stem
+    if env.name == "swe":
+        return Path(env.swe_tasks).stem if env.swe_source == "swebench" else "swe_generated"
+    return env.name.rpartition(":")[2]
 
-    `out` defaults to evals/MODEL/NAME.jsonl, MODEL naming the model evaluated (`model_label`:
-    two evaluations of different models never overwrite each other), NAME being the dataset
-    file's stem (env 'math'), the task file's stem or `swe_generated` (env 'swe'), else the
-    env's name (its factory's, for your own env); the summary goes beside it
-    (NAME.summary.json)."""
+
+def default_results_path(model: str, name: str, run_dir: Path | None = None) -> Path:
+    """Where `saorl eval` writes without `--out`: RUN/evals/WHICH/NAME.jsonl when `model`
+    belongs to the run `run_dir` (WHICH: `final`, or the checkpoint's name `step_X`), else
+    evals/MODEL/NAME.jsonl in the current folder (MODEL: `model_label`), so evaluations of two
+    models never overwrite each other."""
+    if run_dir is not None:
+        path = Path(model)
+        which = path.stem if path.parent.name == "checkpoints" else "final"
+        return run_dir / "evals" / which / f"{name}.jsonl"
+    return Path("evals") / model_label(model) / f"{name}.jsonl"
+
+
+def write_results(
+    model: str,
+    cfg: Config,
+    summary: dict[str, Any],
+    rows: list[dict[str, Any]],
+    out: str | None,
+    run_dir: Path | None = None,
+) -> Path:
+    """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path:
+    `out`, else `default_results_path` (`run_dir`: the run `model` belongs to, if any); the
+    summary goes beside it (NAME.summary.json)."""
     import json
 
     from rich.console import Console
@@ -422,21 +457,19 @@ def write_results(
     from saorl.monitoring.terminal import printable
 
     env = cfg.env
-    name = env.name
-    if env.name == "math":
-        name = Path(env.eval_dataset or env.dataset).stem
-    elif env.name == "swe":  # SWE-bench's name for the success rate
-        name = Path(env.swe_tasks).stem if env.swe_source == "swebench" else "swe_generated"
+    name = task_name(env)
+    if env.name == "swe":  # SWE-bench's name for the success rate
         summary = {"resolved_rate": summary["accuracy"], **summary}
-    elif ":" in env.name:  # your own env ('module:attr', 'file.py:attr'): the attribute's name
-        name = env.name.rpartition(":")[2]
-    path = Path(out or f"evals/{model_label(model)}/{name}.jsonl")
+    path = Path(out) if out else default_results_path(model, name, run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
+    agent = f" (agent {env.agent or env.agent_command})" if env.name == "agent" else ""
     # Names and values come from data and endpoints: control characters escaped, and Text,
-    # not markup, so `[link=...]` in a name stays text.
-    table = Table(title=Text(printable(f"saorl eval: {model} on {name}")))
+    # not markup, so `[link=...]` in a name stays text. The header is a line of its own: as
+    # the table's title it was wrapped and cut to the table's width ("... on agent ").
+    print(printable(f"saorl eval: {model} on {name}{agent}"))
+    table = Table()
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in summary.items():

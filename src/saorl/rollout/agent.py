@@ -21,6 +21,7 @@ policy); aborted ones are retried.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,7 @@ from saorl.envs.base import Env, Message
 from saorl.types import Trajectory, fit_routing
 
 UNTRAINABLE = ("aborted", "env_error")
+_TOOLS_WARNED: set[str] = set()  # tokenizers already warned about tools they cannot render
 
 
 class ChatCodec:
@@ -35,7 +37,28 @@ class ChatCodec:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tok = tokenizer
-        self.templated = bool(getattr(tokenizer, "chat_template", None))
+        template = getattr(tokenizer, "chat_template", None)
+        self.templated = bool(template)
+        # A template that never reads `tools` drops the schemas as surely as having none.
+        self.renders_tools = self.templated and "tools" in str(template)
+
+    def check_tools(self, tools: list[dict] | None) -> None:
+        """Warn once per process and tokenizer when `tools` cannot reach the prompt: the
+        model would never see their schemas, and nothing else would say so."""
+        name = str(getattr(self.tok, "name_or_path", "") or type(self.tok).__name__)
+        if not tools or self.renders_tools or name in _TOOLS_WARNED:
+            return
+        _TOOLS_WARNED.add(name)
+        fns = [t.get("function") if isinstance(t, dict) else None for t in tools]
+        names = ", ".join(str(f.get("name")) if isinstance(f, dict) else "?" for f in fns)[:200]
+        why = "chat template that renders tools" if self.templated else "chat template"
+        print(
+            f"saorl: warning: tools ({names}) were given, but the tokenizer of {name!r} has no "
+            f"{why}: the model never sees their schemas. Use a chat model whose template "
+            "takes `tools`, or describe the tools in the prompt.",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _render(
         self, messages: list[Message], generation_prompt: bool, tools: list[dict] | None = None
@@ -51,7 +74,9 @@ class ChatCodec:
         return list(self.tok.encode(text, add_special_tokens=False))
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None = None) -> list[int]:
-        """`tools`: the env's tool schemas, for the chat template (ignored without one)."""
+        """`tools`: the env's tool schemas, for the chat template (ignored without one, with
+        a warning: `check_tools`)."""
+        self.check_tools(tools)
         if self.templated:
             return self._encode(self._render(messages, True, tools))
         return self._encode("".join(m["content"] for m in messages))

@@ -115,6 +115,7 @@ class AgentSession:
 
     def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], bool]:
         """`(ids, extends)`: the call's prompt ids and whether they extend the current segment."""
+        self.codec.check_tools(tools)  # `tools=` the template cannot render: said once
         with self.lock:
             last, n = self.last, len(self.last.messages) if self.last else 0
             if (

@@ -5,7 +5,9 @@ coroutine on the worker's environment event loop) against that session's base UR
 the program returns its reward, hands the session's recorded segments to the worker's output
 queue as trajectories. A program that raises, exits non-zero, gives no reward or runs past
 `env.step_timeout_s` fails its episode (`env_error`, not trained on; the reason is counted in
-`failures` and put in the trajectory's info); the run goes on. Calls are counted here on their
+`failures` and put in the trajectory's info, with the traceback of the program's own frames:
+`saorl.rollout.failures`, whose log prints the first of each kind); the run goes on (unless
+most of the first batch failed). Calls are counted here on their
 way to the worker's engine, which holds them back while more of a wave are coming
 (`admit_calls`).
 """
@@ -15,7 +17,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import gc
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +26,7 @@ from saorl.envs.base import AgentFailure, task_key
 from saorl.rollout.agent import Episode
 from saorl.rollout.agent_record import AgentSession
 from saorl.rollout.endpoint import TrainingEndpoint
+from saorl.rollout.failures import failure_info
 
 # The longest a call is held for others before it goes to the engine, in engine steps.
 MAX_HOLD_STEPS = 8
@@ -153,8 +155,8 @@ class AgentRuns:
             except AgentFailure as e:
                 self._fail(session, e.reason, f"agent: {e}")
                 continue
-            except Exception as e:
-                self._fail(session, "raised", f"agent: {type(e).__name__}: {e}")
+            except Exception as e:  # the program's own error: its frames name its file:line
+                self._fail(session, "raised", "", failure_info("agent", e))
                 continue
             trajs = session.trajectories(reward, metrics, task_key(session.task))
             if not trajs:
@@ -163,15 +165,16 @@ class AgentRuns:
             self._finish(session, trajs)
         self.pending = still
 
-    def _fail(self, session: AgentSession, reason: str, message: str) -> None:
+    def _fail(
+        self, session: AgentSession, reason: str, message: str, info: dict | None = None
+    ) -> None:
+        """Fail the episode. `info`: `failure_info`'s, for an error the program raised; else
+        the failure is grouped by its kind (`agent: timeout`, `agent: exit`, ...), whatever
+        its message. Printed by the collector's `FailureLog` (and `saorl eval`'s), not here."""
         self.failures[reason] += 1
-        if self.failures[reason] == 1:  # once per kind: rollout/failed counts every one
-            print(
-                f"saorl: {self.worker.name}: an agent episode failed ({reason}): {message}",
-                file=sys.stderr,
-            )
         ep = Episode(None, session.task, [], [], group_id=session.group_id)  # type: ignore[arg-type]
-        ep.info.update({"error": message, "agent/failure": reason})
+        group = {"error": message, "error_group": f"agent: {reason}", "error_source": "agent"}
+        ep.info.update({**group, **(info or {}), "agent/failure": reason})
         self._finish(session, [ep.finish("env_error", key=task_key(session.task))])
 
     def _finish(self, session: AgentSession, trajs: list[Any]) -> None:
