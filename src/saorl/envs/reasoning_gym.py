@@ -22,7 +22,10 @@ Decisions (docs/reasoning-gym.md):
   at least one each), each question once.
 - The answer: `tags` (default) takes the last `<answer>...</answer>` of the final turn
   (`reasoning_gym.utils.extract_answer`, the convention of reasoning-gym's own evaluations), none
-  without one; `plain` takes the final turn's whole text, stripped.
+  without one; `plain` takes the final turn's whole text, stripped; `last_number` takes the
+  last number in the final turn, thousands separators dropped (lm-evaluation-harness'
+  "flexible-extract" for GSM8K), none without one: small chat models answer in a sentence
+  ("The answer is 12.") and never learn tags from a zero reward.
 - The reward is the dataset's `score_answer(answer, item)`, in [0, 1]; some datasets give partial
   credit (chain_sum: `len(reference) / len(answer)` when the answer contains the reference). A
   scorer that raises on a malformed answer scores 0: the policy's fault, not the run's.
@@ -34,6 +37,7 @@ import dataclasses
 import difflib
 import hashlib
 import random
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -42,14 +46,17 @@ from saorl.config import ConfigError, EnvConfig
 from saorl.envs.base import EnvSpec, Segments
 from saorl.envs.math.tool import MathToolEnv
 
-AnswerFormat = Literal["tags", "plain"]
+AnswerFormat = Literal["tags", "plain", "last_number"]
 HELD_OUT_SEED_OFFSET = 2**31  # far past any training index: seeds seed + i never meet
 INSTALL_HINT = "pip install 'saorl[reasoning-gym]' (or: pip install reasoning-gym)"
 # How the instructions ask for the answer, per env.rg_answer_format.
 ANSWER_INSTRUCTIONS: dict[str, str] = {
     "tags": "Give the final answer between <answer> and </answer>.",
     "plain": "Reply with the final answer only.",
+    "last_number": "Reply with the final answer only.",
 }
+# A number as a final answer states it: sign, digits, decimals (separators removed first).
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _HELD_OUT_TRIES = 4  # held-out items tried per item kept (repeated questions are skipped)
 
 
@@ -180,6 +187,9 @@ class RGTasks:
         """The answer in a final turn's text (None: it gives none)."""
         if self.answer_format == "plain":
             return text.strip()
+        if self.answer_format == "last_number":
+            numbers = _NUMBER.findall(text.replace(",", ""))
+            return numbers[-1] if numbers else None
         return self._extract(text, tag_name="answer")
 
     def score(self, problem: RGProblem, text: str) -> float:
@@ -191,7 +201,7 @@ class RGTasks:
 
     def answer_text(self, problem: RGProblem) -> str:
         """The reference answer as a correct final turn gives it (warm-up demonstrations)."""
-        if self.answer_format == "plain":
+        if self.answer_format != "tags":
             return problem.answer
         return f"<answer>{problem.answer}</answer>"
 

@@ -133,11 +133,16 @@ def model_dir(name_or_path: str) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         return path
+    from saorl.models.fetch import KNOWN, resolve_known
+
+    if name_or_path in KNOWN:  # a real model from a package (`saorl model fetch NAME`)
+        return resolve_known(name_or_path)
     if not _HUB_ID.fullmatch(name_or_path) or name_or_path.startswith((".", "~")):
         raise ConfigError(
             f"model.name_or_path={name_or_path!r} is not a local directory; give a Hugging Face "
             "model directory (config.json, weights, tokenizer), a hub id such as "
-            "'Qwen/Qwen3-1.7B', or 'builtin:tiny'"
+            "'Qwen/Qwen3-1.7B', a model saorl fetches from a package (smollm2-135m), or "
+            "'builtin:tiny'"
         )
     return hub_snapshot(name_or_path)
 
