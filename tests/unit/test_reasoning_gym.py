@@ -90,6 +90,22 @@ def test_scores_come_from_the_datasets_own_score_answer() -> None:
     assert plain.score(p, f"<answer>{p.answer}</answer>") < 1.0
 
 
+def test_last_number_takes_the_sentences_last_number() -> None:
+    """rg_answer_format = "last_number": how a small chat model answers ("The answer is 12.")
+    is scored by the dataset's own scorer on the last number of the text."""
+    tasks = RGTasks({"chain_sum": SMALL}, eval_size=8, seed=0, answer_format="last_number")
+    p = next(q for q in tasks.held_out if not q.answer.startswith("-"))
+    n = next(q for q in tasks.held_out if q.answer.startswith("-"))
+    assert tasks.score(p, f"The final answer is {p.answer}.") == 1.0
+    assert tasks.score(p, f"3 + 4 = 7, so it is {p.answer}") == 1.0
+    assert tasks.score(p, f"It is {p.answer}, not 99.") == 0.0  # the last number counts
+    assert tasks.score(n, f"That is {n.answer}.") == 1.0  # a minus sign belongs to it
+    assert tasks.score(p, "I cannot tell.") == 0.0
+    assert tasks.extract("1,234 and 5.5") == "5.5"
+    assert tasks.extract("a total of 1,234") == "1234"
+    assert tasks.answer_text(p) == p.answer  # demonstrations answer with the number alone
+
+
 def test_two_datasets_split_the_held_out_set_and_training_by_weight() -> None:
     assert split_by_weight(10, [3, 1]) == [8, 2]
     assert split_by_weight(3, [100, 1, 1]) == [1, 1, 1]

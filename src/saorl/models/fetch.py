@@ -198,16 +198,18 @@ def check_gguf_header(path: Path) -> dict[str, int]:
 def import_gguf(path: Path, out: Path, source: dict[str, str] | None = None) -> Path:
     """Dequantize GGUF file `path` into a Hugging Face folder `out` (float32 safetensors,
     tokenizer, chat template), written beside and renamed into place."""
-    path = Path(path)
+    path, out = Path(path), Path(out)
+    if out.exists() and not is_fetched(out):
+        # Only a folder saorl wrote itself is ever replaced: never a user's directory.
+        raise ConfigError(f"{out} exists and is not a model saorl imported; give a new folder")
     header = check_gguf_header(path)
     try:
         import gguf  # noqa: F401  (transformers' GGUF loader needs it)
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError:
-        raise ConfigError(f"importing a GGUF model needs the gguf package: {INSTALL_HINT}") from None
+        msg = f"importing a GGUF model needs the gguf package: {INSTALL_HINT}"
+        raise ConfigError(msg) from None
     import torch
-
-    from saorl.models.loading import save_pretrained
 
     print(f"saorl: dequantizing {path.name} to float32 (about half a minute)", file=sys.stderr)
     try:
@@ -229,7 +231,11 @@ def import_gguf(path: Path, out: Path, source: dict[str, str] | None = None) -> 
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    save_pretrained(model, tokenizer, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
     info = {
         "source": source or {"gguf": str(path)},
         "gguf_sha256": sha256_of(path),
@@ -238,7 +244,9 @@ def import_gguf(path: Path, out: Path, source: dict[str, str] | None = None) -> 
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocabulary": len(tokenizer),
     }
-    tmp = out / f".{MARKER}.tmp"
-    tmp.write_text(json.dumps(info, indent=2) + "\n")
-    os.replace(tmp, out / MARKER)
+    (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
+    # Renamed into place whole: an interrupted import leaves no folder that looks fetched.
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
     return out
