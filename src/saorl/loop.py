@@ -49,7 +49,7 @@ from saorl.monitoring.tracking import check_trackers, open_trackers
 from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
 from saorl.run_lock import claim_run_dir
-from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
+from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run, warn_tiny_model
 from saorl.signals import StopSignals
 from saorl.topology import Topology, build_topology
 from saorl.types import Batch
@@ -86,6 +86,7 @@ def _train(
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
     check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
     warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run_plan)
+    warn_tiny_model(cfg)  # the built-in model on a task it cannot know
     # The run folder, locked against a second writer until the run ends (`saorl.run_lock`)
     run_dir = held.enter_context(claim_run_dir(Path(cfg.run.output_dir), cfg.run.name, resume))
     cfg.env._run_dir = str(run_dir.resolve())  # agent programs' own files go in it (envs/agent.py)

@@ -1,4 +1,5 @@
-"""What a run's step budget buys: critic-only steps first, then policy updates.
+"""What a run's step budget buys: critic-only steps first, then policy updates; and what the
+built-in model can learn at all.
 
 `critic.warmup_steps` count within `run.total_steps` (docs/design.md section 1.3), so a short
 run may update the critic only: its `final/` is then the initial policy. `saorl train` warns at
@@ -43,5 +44,27 @@ def warn_short_run(cfg: Config) -> str | None:
             f"only {updates} of run.total_steps={total} steps update the policy (the first "
             f"{warm} are critic.warmup_steps, critic only); {fix}"
         )
+    print(f"saorl: warning: {text}", file=sys.stderr, flush=True)
+    return text
+
+
+# Tasks the built-in tiny model is made for: its supervised warm-up and its char tokenizer.
+TINY_TASKS = ("arithmetic", "tool_arithmetic")
+
+
+def warn_tiny_model(cfg: Config) -> str | None:
+    """The warning for the built-in 0.5M-parameter model on a task it was not made for (a
+    dataset, an agent program, an environment server): it knows only what its warm-up taught
+    it, so its reward there is usually 0 from the first step to the last."""
+    if cfg.model.name_or_path != "builtin:tiny" or cfg.env.name in TINY_TASKS:
+        return None
+    text = (
+        f"model.name_or_path = 'builtin:tiny' is a 0.5M-parameter random-init model with a "
+        f"character tokenizer: it knows only what its supervised warm-up teaches it (on the "
+        f"default task, 2-digit sums); on env.name = {cfg.env.name!r} without such a warm-up "
+        "expect a reward near 0. A real pretrained chat model "
+        "learns on 2 CPU cores: model.name_or_path=smollm2-135m (saorl train --config "
+        "examples/real_model.toml; docs/real-model.md)"
+    )
     print(f"saorl: warning: {text}", file=sys.stderr, flush=True)
     return text

@@ -26,3 +26,27 @@ def test_policy_updates_and_the_warning(overrides, warm, updates, warned, capsys
         assert text is None and err == ""
     else:
         assert warned in text and "saorl: warning: " + text in err
+
+
+@pytest.mark.parametrize(
+    "overrides, warned",
+    [
+        ([], False),  # the built-in task: what the tiny model is for
+        (["env.name=tool_arithmetic"], False),
+        (["env.name=math", "env.dataset=gsm8k"], True),  # a dataset it cannot know
+        (["env.name=reasoning_gym", "env.rg_datasets=['chain_sum']"], True),
+        (["env.name=math", "model.name_or_path=smollm2-135m"], False),  # a real model
+    ],
+)
+def test_the_tiny_model_on_a_task_it_cannot_know_points_at_the_real_model(
+    overrides, warned, capsys
+) -> None:
+    from saorl.run_plan import warn_tiny_model
+
+    text = warn_tiny_model(load_config(None, overrides))
+    err = capsys.readouterr().err
+    if not warned:
+        assert text is None and err == ""
+    else:
+        assert "2-digit sums" in text and "model.name_or_path=smollm2-135m" in text
+        assert "saorl: warning: " + text in err
