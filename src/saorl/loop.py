@@ -50,6 +50,7 @@ from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
 from saorl.run_lock import claim_run_dir
 from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
+from saorl.safe_io import write_atomic
 from saorl.signals import StopSignals
 from saorl.topology import Topology, build_topology
 from saorl.types import Batch
@@ -97,7 +98,7 @@ def _train(
             state = open_sharded(load_latest_checkpoint(run_dir, quarantine=True)[1])
         except FileNotFoundError as e:
             raise ConfigError(f"--resume: {e}") from e
-    (run_dir / "config.toml").write_text(config_to_toml(cfg))  # a refused resume leaves it be
+    write_atomic(run_dir / "config.toml", config_to_toml(cfg))  # a refused resume leaves it be
     if state is not None:
         learner.restore(state)
         prompt_rng.setstate(state["prompt_rng"])
@@ -157,7 +158,7 @@ def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds:
     if cfg.algorithm.advantage == "gae":  # a critic: were its updates beside the policy's?
         on, why = concurrent_critic(cfg, resolve_device(cfg.model.device))
         summary["critic_concurrent"] = {"on": on, "why": why}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
 
 
 def _rl_loop(

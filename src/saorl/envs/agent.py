@@ -44,6 +44,7 @@ from typing import Any
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
+from saorl.safe_io import make_dir
 
 MODEL_NAME = "policy"  # the name the endpoint serves
 AGENTS_DIR = "agents"  # in the run folder: SAORL_AGENT_HOME, the programs' own files
@@ -187,7 +188,7 @@ class AgentProgram:
         """More environment variables of a command's process."""
         if self.home is None:  # not in a training run (`saorl eval`): nothing to keep
             return {}
-        self.home.mkdir(parents=True, exist_ok=True)
+        make_dir(self.home, "agent home")  # never a link planted in the run folder
         return {"SAORL_AGENT_HOME": str(self.home)}
 
     async def _score(

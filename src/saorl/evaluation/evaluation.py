@@ -431,9 +431,11 @@ def write_results(
     elif ":" in env.name:  # your own env ('module:attr', 'file.py:attr'): the attribute's name
         name = env.name.rpartition(":")[2]
     path = Path(out or f"evals/{model_label(model)}/{name}.jsonl")
+    from saorl.safe_io import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2))
     # Names and values come from data and endpoints: control characters escaped, and Text,
     # not markup, so `[link=...]` in a name stays text.
     table = Table(title=Text(printable(f"saorl eval: {model} on {name}")))
