@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saorl.child_python import module_argv
 from saorl.config import Config, ConfigError, load_config
 from saorl.config.io import toml_string
 from saorl.experiments.arms import (  # noqa: F401  (re-exported: the public names of compare)
@@ -240,7 +241,7 @@ def _spawn(run: Run, base_config: Path | None, tag: str) -> subprocess.Popen[byt
         "base_config": None if base_config is None else str(base_config),
     }
     with open_write(run.run_dir.parent / f"{run.run_dir.name}.log", "ab") as log:
-        cmd = [sys.executable, "-m", "saorl.experiments.compare", json.dumps(spec)]
+        cmd = module_argv("saorl.experiments.compare", json.dumps(spec))  # isolated child
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # holds its own fd
 
 
