@@ -80,6 +80,7 @@ GATED = {
     "env.agent": "Python code (an agent program)",
     "env.agent_command": "a shell command run every episode",
     "env.agent_tasks": "Python code (a task source)",
+    "env.agent_env_passthrough": "variables of this host's environment an agent command gets",
     "env.agent_host": "the network address the agent endpoint listens on",
     "env.openenv_app": "Python code (an OpenEnv app)",
     "env.openenv_url": "a server saorl connects to",

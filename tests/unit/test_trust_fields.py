@@ -23,6 +23,7 @@ EXAMPLES = {
     "env.agent": ["env.name=agent", "env.agent=/tmp/evil.py:run"],
     "env.agent_command": ["env.name=agent", "env.agent_command=touch /tmp/x"],
     "env.agent_tasks": ["env.agent_tasks=/tmp/evil.py:tasks"],
+    "env.agent_env_passthrough": ['env.agent_env_passthrough=["HF_TOKEN"]'],
     "env.agent_host": ["env.agent_host=0.0.0.0"],
     "env.openenv_app": ["env.name=openenv", "env.openenv_app=/tmp/evil.py:app"],
     "env.openenv_url": ["env.name=openenv", "env.openenv_url=http://10.0.0.1:8000"],

@@ -8,9 +8,10 @@ runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
 `openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
 `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `SAORL_WORKER` (the rollout worker's
 name) and, in a training run, `SAORL_AGENT_HOME` (`<run folder>/agents`, for the program's own
-files) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
-returns the reward (a number, or a dict with "reward" and other numeric metrics, logged as
-`agent/<name>`).
+files) in its environment (of the host's environment only `COMMAND_ENV` and the names of
+`env.agent_env_passthrough`: no secrets), and prints `{"reward": ...}` as JSON on its last
+stdout line. Either returns the reward (a number, or a dict with "reward" and other numeric
+metrics, logged as `agent/<name>`).
 
 Without a reward: `env.reward_fns` score the episode's messages; else the task source's own
 environment grades the last assistant message (the one reply a single-turn task would see).
@@ -38,6 +39,7 @@ import signal
 import time
 import weakref
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,20 @@ def task_dict(task: Any) -> dict[str, Any]:
     return task_columns(task) or {"prompt": str(task)}
 
 
+# What a command agent gets of saorl's own environment, besides what saorl sets and the names
+# of env.agent_env_passthrough: a shell's basics, never the host's secrets (HF_TOKEN, keys).
+COMMAND_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM")
+COMMAND_ENV += ("TZ", "TMPDIR", "VIRTUAL_ENV")
+
+
+def command_env(passthrough: tuple[str, ...], saorl_vars: dict[str, str]) -> dict[str, str]:
+    """The environment of a command agent's process: `COMMAND_ENV` and the `passthrough` names
+    (or fnmatch patterns) of this process's environment, then `saorl_vars`."""
+    names = (*COMMAND_ENV, *passthrough)
+    kept = {k: v for k, v in os.environ.items() if any(fnmatchcase(k, n) for n in names)}
+    return {**kept, **saorl_vars}
+
+
 class AgentProgram:
     """The "environment" of an agent episode: it runs the program instead of stepping."""
 
@@ -75,6 +91,7 @@ class AgentProgram:
         scorer: RewardEnv | None,
     ) -> None:
         self.fn, self.command = fn, cfg.agent_command
+        self.passthrough = tuple(cfg.agent_env_passthrough)
         self.grader, self.scorer = grader, scorer
         self.host, self.models = cfg.agent_host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
@@ -147,15 +164,17 @@ class AgentProgram:
         worker: str,
         extra_env: dict[str, str] | None = None,
     ) -> Any:
-        env = {
-            **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": api_key,
-            "OPENAI_MODEL": MODEL_NAME,
-            "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
-            **self.extra_env(),
-            **(extra_env or {}),
-        }
+        env = command_env(
+            self.passthrough,
+            {
+                "OPENAI_BASE_URL": base_url,
+                "OPENAI_API_KEY": api_key,
+                "OPENAI_MODEL": MODEL_NAME,
+                "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
+                **self.extra_env(),
+                **(extra_env or {}),
+            },
+        )
         proc = await asyncio.create_subprocess_shell(
             self.command,
             stdin=asyncio.subprocess.PIPE,
