@@ -7,7 +7,8 @@ process-pool worker, the math grader worker, `saorl compare`'s runs) runs `pytho
 current directory, no user site, no PYTHON* variables) with a bootstrap that sets `sys.path`
 to this process's import path before anything is imported: saorl's own folder first (which is
 also what makes a checkout run with `PYTHONPATH=src` start its own saorl, not an installed
-one), then this process's absolute entries (site-packages, the user's PYTHONPATH folders).
+one), then this process's own entries (site-packages, the user's PYTHONPATH folders): a child
+never adds the current directory on its own.
 The verifiers runner, which may be another venv's Python (`env.verifiers_python`), keeps that
 interpreter's own path with saorl's folder first (it then adds the taskset's folder itself).
 The in-sandbox runners are started isolated already (`saorl.sandbox`).
@@ -24,10 +25,11 @@ SAORL_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def import_path() -> list[str]:
-    """saorl's folder, then this process's absolute `sys.path` entries ('' is the current
-    directory of whoever reads it: left out)."""
-    rest = [p for p in sys.path if p and os.path.isabs(p) and p != SAORL_ROOT]
-    return [SAORL_ROOT, *dict.fromkeys(rest)]
+    """saorl's folder, then this process's `sys.path` made absolute. A '' there (a REPL, a
+    notebook, `python -c`: this process imports from its current directory) stays the current
+    directory, after saorl's folder: the child trusts what this process trusts, nothing more."""
+    rest = [os.path.abspath(p) for p in sys.path]
+    return [SAORL_ROOT, *dict.fromkeys(p for p in rest if p != SAORL_ROOT)]
 
 
 def python_argv(code: str, *args: str, python: str | None = None) -> list[str]:
