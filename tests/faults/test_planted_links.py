@@ -131,6 +131,12 @@ def test_the_helpers_refuse_links_fifos_and_other_users_files(tmp_path: Path):
             open_write(link, mode)
     with pytest.raises(UnsafePathError, match="symbolic link"):
         write_atomic(link, "x")
+    dangling = tmp_path / "dangling"  # a link to a file that does not exist yet: not created
+    dangling.symlink_to(tmp_path / "chosen")
+    for mode in ("a", "w"):
+        with pytest.raises(UnsafePathError, match="symbolic link"):
+            open_write(dangling, mode)
+    assert not (tmp_path / "chosen").exists()
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(UnsafePathError, match="not a regular file"):
         open_write(tmp_path / "fifo", "a")  # O_NONBLOCK: refused, not hung
