@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -417,8 +419,20 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
                 refused = e if isinstance(e, ApiError) else ApiError(400, "bad Content-Length")
                 self.close_connection = True  # the unread body must not be taken for a request
                 self._json(refused.status, refused.body(), close=True)
+                self._drop_body()
                 return
             self._answer("POST", self.rfile.read(size))
+
+        def _drop_body(self) -> None:
+            """Read and drop what the client still sends of a refused body, for at most 2 s:
+            closing a socket with unread data resets the connection, and the client would see
+            that instead of the answer (a lingering close, as web servers do)."""
+            deadline = time.monotonic() + 2.0
+            with contextlib.suppress(OSError, ValueError):
+                while (left := deadline - time.monotonic()) > 0:
+                    self.connection.settimeout(left)
+                    if not self.rfile.read1(1 << 16):
+                        break
 
         def log_message(self, *args: object) -> None:
             pass
