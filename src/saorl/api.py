@@ -154,6 +154,9 @@ def train_config(
         run_dir = Path(resume)
         if not run_dir.is_dir():
             raise ConfigError(f"{flag}: run directory not found: {run_dir}")
+        from saorl.safe_io import check_dir
+
+        check_dir(run_dir)  # a link, or another user's folder, is never written
         if config is None and (run_dir / "config.toml").is_file():
             config = saved = run_dir / "config.toml"
     cfg = make_config(config, overrides, env)

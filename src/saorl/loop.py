@@ -50,6 +50,7 @@ from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
 from saorl.run_lock import claim_run_dir
 from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run, warn_tiny_model
+from saorl.safe_io import write_atomic
 from saorl.signals import StopSignals
 from saorl.topology import Topology, build_topology
 from saorl.types import Batch
@@ -102,7 +103,7 @@ def _train(
         learner.restore(state)
         if learner.steps >= cfg.run.total_steps and (run_dir / "summary.json").is_file():
             return _complete(cfg, run_dir, learner.steps)  # a finished run: nothing changes
-    (run_dir / "config.toml").write_text(config_to_toml(cfg))  # a refused resume leaves it be
+    write_atomic(run_dir / "config.toml", config_to_toml(cfg))  # a refused resume leaves it be
     if state is not None:
         print(
             f"saorl: resuming {run_dir} from step {learner.steps} "
@@ -194,7 +195,7 @@ def _write_summary(cfg: Config, run_dir: Path, summary: dict[str, Any], seconds:
     if cfg.algorithm.advantage == "gae":  # a critic: were its updates beside the policy's?
         on, why = concurrent_critic(cfg, resolve_device(cfg.model.device))
         summary["critic_concurrent"] = {"on": on, "why": why}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(run_dir / "summary.json", json.dumps(summary, indent=2))
 
 
 def _rl_loop(

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.safe_io import check_dir, check_owned_file, refuse_link
 
 LOCK_FILE = ".saorl.lock"
 
@@ -54,7 +55,19 @@ class RunLock:
     def acquire(self) -> str | None:
         """Take the lock or raise `RunLockedError`; a description of a dead holder it replaces
         (None if the last one released it)."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Only the owner can open the lock (0600, in a 0700 folder): no other user can hold it.
+        check_dir(self.run_dir)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            refuse_link(self.path, "a lock")
+            raise
+        try:
+            check_owned_file(self.path, fd)
+            os.fchmod(fd, 0o600)  # a lock file of an older saorl was 0644
+        except BaseException:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -119,7 +132,7 @@ def claim_run_dir(output_dir: Path, name: str, resume: str | None) -> Iterator[P
     """The run folder this run writes, locked for the `with` block: `resume`, or a fresh one
     (`output_dir/name`, or `name-1`, `name-2`, ... if a run already lives there)."""
     if resume:
-        lock = RunLock(Path(resume))
+        lock = RunLock(check_dir(resume))
         _took(lock, lock.acquire())
     else:
         lock = claim_fresh(Path(output_dir), name)
@@ -138,8 +151,8 @@ def claim_fresh(output_dir: Path, name: str) -> RunLock:
     while True:
         run_dir = output_dir / (f"{name}-{i}" if i else name)
         with contextlib.suppress(FileExistsError):
-            run_dir.mkdir()
-        lock = RunLock(run_dir)
+            run_dir.mkdir(0o700)  # the run's checkpoints and samples are its owner's alone
+        lock = RunLock(check_dir(run_dir))  # a folder another user made in advance is refused
         stale = lock.acquire()  # raises if a live run holds it
         if not holds_run(run_dir):
             _took(lock, stale)

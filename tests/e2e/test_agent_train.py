@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from saorl.cli import main
+from saorl.trust import FLAG
 
 pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,9 +89,11 @@ def test_a_command_agent_trains(tmp_path, monkeypatch):
     rows = [r for r in _rows(tmp_path / "runs" / "cmd") if "rollout/reward_mean" in r]
     assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
     assert all(r["rollout/failed"] == 0 for r in rows)
-    # `saorl eval RUN` runs the held-out episodes through the same agent and endpoint.
+    # `saorl eval RUN` runs the held-out episodes through the same agent and endpoint; the
+    # command the run folder names runs only when trusted (saorl.trust).
     out = tmp_path / "eval.jsonl"
-    assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out)]) == 0
+    assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out)]) == 2
+    assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out), FLAG]) == 0
     per_problem = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(per_problem) == 8  # env.eval_size
 

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,30 @@ def test_eval_and_resume_of_a_run_folder_refuse_the_code_it_names(tmp_path: Path
     # Trusted: the folder's code is imported (the marker), then the run's lack of weights stops it.
     proc = run_saorl("eval", str(run), "--trust-remote-code")
     assert marker.exists(), proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("fields", "key"),
+    [
+        ({"name": "agent", "agent_command": "{python} {d}/evil.py"}, "env.agent_command"),
+        ({"name": "agent", "agent": "{d}/evil.py:make"}, "env.agent"),
+        ({"name": "verifiers", "verifiers_env": "{d}/evil.py"}, "env.verifiers_env"),
+        ({"verifiers_python": "{d}/evil.py"}, "env.verifiers_python"),
+        ({"name": "openenv", "openenv_app": "{d}/evil.py:make"}, "env.openenv_app"),
+        ({"agent_tasks": "{d}/evil.py:make"}, "env.agent_tasks"),
+    ],
+)
+def test_a_run_folder_naming_a_command_or_program_runs_nothing(
+    tmp_path: Path, fields: dict, key: str
+):
+    """The CLI itself (eval with --limit 1, eval of a checkpoint, --resume) refuses them."""
+    python = sys.executable
+    run, marker = _planted(
+        tmp_path, **{k: v.format(d=tmp_path, python=python) for k, v in fields.items()}
+    )
+    _refused(run_saorl("eval", str(run), "--limit", "1"), key, marker)
+    _refused(run_saorl("eval", str(run / "checkpoints" / "step_00000001.pt")), key, marker)
+    _refused(run_saorl("train", "--resume", str(run)), key, marker)
 
 
 @pytest.mark.parametrize(

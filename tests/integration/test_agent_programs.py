@@ -298,3 +298,38 @@ def _grader():
     reset = env.reset
     env.reset = lambda task: reset(Problem(task["prompt"], task["answer"], task["key"]))
     return env
+
+
+ENV_AGENT = textwrap.dedent("""\
+    import json, os, sys, urllib.request
+    task = json.loads(sys.stdin.read())
+    body = {"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": "x"}]}
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+        data=json.dumps(body).encode(), headers={
+            "Content-Type": "application/json",
+            "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    urllib.request.urlopen(req).read()
+    seen = {n: float(n in os.environ) for n in ("HF_TOKEN", "MY_SETTING", "OPENAI_BASE_URL")}
+    print(json.dumps({"reward": 1.0, **seen, "path": float("PATH" in os.environ)}))
+""")
+
+
+def test_a_command_agent_sees_only_the_environment_it_is_given(tmp_path, monkeypatch):
+    from saorl.config import EnvConfig
+    from saorl.envs.agent import AgentProgram
+
+    script = tmp_path / "agent.py"
+    script.write_text(ENV_AGENT)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")  # a host secret: never passed on
+    monkeypatch.setenv("MY_SETTING", "x")  # listed in env.agent_env_passthrough: passed on
+    cfg = EnvConfig(agent_command=f"{sys.executable} {script}", agent_env_passthrough=["MY_*"])
+    tok = _tok()
+    [traj], _ = run_agents(
+        ScriptedEngine(tok, ["42"]),
+        tok,
+        [TASK],
+        make_env=lambda: AgentProgram(cfg, None, None, None),
+    )
+    assert traj.reward == 1.0, traj.info
+    assert traj.info["agent/HF_TOKEN"] == 0.0 and traj.info["agent/MY_SETTING"] == 1.0
+    assert traj.info["agent/OPENAI_BASE_URL"] == 1.0 and traj.info["agent/path"] == 1.0

@@ -23,6 +23,7 @@ TOP_LEVEL = {
     *("losses", "advantages", "corrections"),  # pure functions with the paper's equations
     "toolcalls",  # the one module both rollout/ and envs/ use for how a model calls a tool
     *("run_plan", "signals", "run_lock", "faults", "trust"),
+    *("safe_io", "child_python"),  # every write of a file; every child interpreter
 }
 # The rooms (folders), each a part a newcomer can name; `data` holds package data, no code.
 ROOMS = {
@@ -38,21 +39,26 @@ MAY_IMPORT: dict[str, set[str]] = {
     "advantages": set(),
     "corrections": {"losses"},
     "toolcalls": set(),
-    "monitoring": {"config", "types"},
+    "safe_io": {"config"},
+    "child_python": set(),
+    "monitoring": {"config", "types", "safe_io"},
     # envs: the built-in arithmetic task, the one object a checkpoint may hold
-    "checkpoint": {"config", "faults", "envs"},
-    "models": {"config", "types", "learner"},  # learner: the type of lora's Sharding argument
-    "envs": {"config", "sandbox", "toolcalls"},
+    "checkpoint": {"config", "faults", "envs", "safe_io"},
+    "models": {"config", "types", "learner", "safe_io"},  # learner: lora's Sharding argument
+    "envs": {"config", "sandbox", "toolcalls", "safe_io", "child_python"},
     "rollout": {"config", "envs", "models", "checkpoint", "interfaces", "toolcalls", "types"},
-    "evaluation": {"config", "envs", "models", "monitoring", "rollout", "checkpoint", "types"},
+    "evaluation": {
+        *("config", "envs", "models", "monitoring", "rollout", "checkpoint", "types"),
+        "safe_io",
+    },
     "learner": {
         *("config", "envs", "models", "monitoring", "rollout", "checkpoint", "evaluation"),
-        *("advantages", "corrections", "losses", "types"),
+        *("advantages", "corrections", "losses", "types", "safe_io"),
     },
-    "experiments": {"config", "monitoring", "loop"},
+    "experiments": {"config", "monitoring", "loop", "safe_io", "child_python"},
     "distributed": {
         *("config", "envs", "models", "rollout", "checkpoint", "evaluation", "learner"),
-        *("signals", "types"),
+        *("signals", "types", "child_python"),
     },
 }
 # Where rollout/ meets envs/, besides the formats in saorl.toolcalls: the environment protocol

@@ -50,6 +50,7 @@ from saorl.checkpoint.digest import (
     write_manifest,
 )
 from saorl.faults import kill_if_armed
+from saorl.safe_io import check_dir, make_dir, refuse_link, staged
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 
@@ -61,29 +62,25 @@ def checkpoint_dir(run_dir: Path) -> Path:
 def save_checkpoint(run_dir: Path, step: int, state: dict[str, Any], keep: int = 3) -> Path:
     """Write `state` atomically as the checkpoint of `step`; keep the newest `keep` files."""
     d = checkpoint_dir(run_dir)
-    d.mkdir(parents=True, exist_ok=True)
+    make_dir(d, "checkpoint folder")
     kill_if_armed("checkpoint_start", step)
     final = d / f"step_{step:08d}.pt"
-    tmp = d / f".step_{step:08d}.pt.tmp.{os.getpid()}"
     try:
-        with open(tmp, "wb") as f:
+        # A fresh temporary file (never a planted link), renamed over `final` at the end.
+        with staged(final, "wb") as (f, tmp):
             torch.save(state, f)
             kill_if_armed("checkpoint_partial", step, torn=f)
             f.flush()
-            os.fsync(f.fileno())
-        # A checkpoint that `load_state_file` would refuse could never be resumed: fail now.
-        refused = _unsafe_in(tmp)
-        if refused:
-            raise TypeError(f"checkpoint state holds objects a resume may not load: {refused}")
-        write_manifest(final, tmp)
-        kill_if_armed("checkpoint_rename", step)
-        os.replace(tmp, final)
+            # A checkpoint that `load_state_file` would refuse could never be resumed: fail now.
+            refused = _unsafe_in(tmp)
+            if refused:
+                raise TypeError(f"checkpoint state holds objects a resume may not load: {refused}")
+            write_manifest(final, tmp)
+            kill_if_armed("checkpoint_rename", step)
     except Exception as e:
         if disk_full(e):
             raise DiskFullError(_disk_full_message(run_dir, final)) from e
         raise
-    finally:
-        tmp.unlink(missing_ok=True)
     # Make the rename itself durable before older checkpoints go away.
     dir_fd = os.open(d, os.O_RDONLY)
     try:
@@ -107,6 +104,7 @@ def save_step(
     never lose the row of a step it holds (a resume would skip that step for good)."""
     for name in ("metrics.jsonl", "samples.jsonl"):
         _sync_file(run_dir / name)
+    make_dir(checkpoint_dir(run_dir), "checkpoint folder")  # never a planted link
     if save_hf:
         hf = hf_checkpoint_path(run_dir, learner.steps)
         try:
@@ -425,6 +423,10 @@ def load_latest_checkpoint(run_dir: Path, quarantine: bool = False) -> tuple[Pat
     ckpts = list_checkpoints(run_dir)
     if not ckpts:
         raise FileNotFoundError(f"no checkpoint in {checkpoint_dir(run_dir)}: nothing to resume")
+    if quarantine:  # it renames and deletes there, and the run goes on writing: no links
+        check_dir(checkpoint_dir(run_dir), "checkpoint folder")
+        for path in ckpts:
+            refuse_link(path, "a checkpoint")
     errors: list[tuple[Path, str]] = []
     found: tuple[Path, dict[str, Any]] | None = None
     for path in reversed(ckpts):

@@ -65,6 +65,12 @@ def save_sharded(learner: Any, folder: Path) -> dict[str, Any]:
     collective); returns the optimizers' param_groups for the checkpoint file."""
     import torch.distributed.checkpoint as dcp
 
+    from saorl.safe_io import refuse_link
+
+    # DCP opens its files by name: a link planted in (or as) the folder is refused first.
+    refuse_link(folder, "a checkpoint folder")
+    for entry in Path(folder).iterdir() if Path(folder).is_dir() else ():
+        refuse_link(entry, "a checkpoint shard")
     tensors, groups = _tensor_state(learner)
     dcp.save(tensors, checkpoint_id=str(folder))
     return groups

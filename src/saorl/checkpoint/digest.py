@@ -62,15 +62,9 @@ def write_manifest(ckpt: Path, pt_file: Path) -> Path:
     ]
     entries = {ckpt.name: file_digest(pt_file), **_digests(root, names)}
     out = manifest_path(ckpt)
-    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write("".join(f"{digest}  {name}\n" for name, digest in entries.items()))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from saorl.safe_io import write_atomic
+
+    write_atomic(out, "".join(f"{digest}  {name}\n" for name, digest in entries.items()))
     return out
 
 

@@ -11,6 +11,12 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from saorl.config.base import _Section
+from saorl.config.references import (  # noqa: F401 (OBJECT_PREFIX, reference_kind: re-exported)
+    OBJECT_PREFIX,
+    _not_toml,
+    check_reference,
+    reference_kind,
+)
 
 
 class EnvConfig(_Section):
@@ -238,6 +244,14 @@ class EnvConfig(_Section):
         "(any language) with OPENAI_BASE_URL, OPENAI_API_KEY and OPENAI_MODEL set, the task as "
         'JSON on stdin, printing {"reward": ...} as JSON on its last stdout line',
     )
+    agent_env_passthrough: list[str] = Field(
+        default_factory=list,
+        description="env.agent_command: more of this host's environment variables the command "
+        "gets, by name or pattern ('MSWEA_*'); besides them it sees only PATH, HOME, USER, "
+        "LOGNAME, SHELL, LANG, LC_*, TERM, TZ, TMPDIR, VIRTUAL_ENV and what saorl sets "
+        "(OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL, SAORL_*): no HF_TOKEN or other secret "
+        "unless listed (docs/agents.md)",
+    )
     agent_tasks: str = Field(
         "math",
         description="env 'agent': the environment whose tasks agents get (and whose grader "
@@ -447,54 +461,3 @@ def _check_rg(datasets: list[str], args: dict[str, Any]) -> None:
                 f"env.args.{name}.seed: set env.seed instead (saorl seeds training and "
                 "held-out items apart)"
             )
-
-
-# `package.module:attr` / `path/to/file.py:attr`; attr may be dotted (`Class.factory`).
-_DOTTED = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-# What `saorl.train(env=<object>)` stores: an object that lives only in this process.
-OBJECT_PREFIX = "python-object:"
-
-
-def _not_toml(value: Any, where: str = "") -> str | None:
-    """What in `value` TOML cannot hold (None: all of it is TOML data)."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            bad = _not_toml(v, f"{where}.{k}" if where else str(k))
-            if bad is not None:
-                return bad
-        return None
-    if isinstance(value, list | tuple):
-        return next((b for i, v in enumerate(value) if (b := _not_toml(v, f"{where}[{i}]"))), None)
-    if isinstance(value, str | bool | int | float):
-        return None
-    return f"{where} is {value!r}"
-
-
-def reference_kind(value: str) -> Literal["module", "file", "object"] | None:
-    """How the string `value` names user code (None: not a reference)."""
-    if value.startswith(OBJECT_PREFIX):
-        return "object"
-    target, sep, attr = value.rpartition(":")
-    if not sep or not _DOTTED.fullmatch(attr):
-        return None
-    if target.endswith(".py"):
-        return "file"
-    return "module" if _DOTTED.fullmatch(target) else None
-
-
-def check_reference(value: str, builtins: tuple[str, ...], what: str) -> str:
-    """`value` if it is a built-in name or a reference; a file reference made absolute
-    against the current directory, so resume and Ray actors find the same file."""
-    if value in builtins:
-        return value
-    kind = reference_kind(value)
-    if kind is None:
-        named = f"a built-in {what} ({', '.join(builtins)}), " if builtins else ""
-        raise ValueError(
-            f"{value!r} is not {named}an import path 'package.module:attr' or a file "
-            "'path/to/file.py:attr'"
-        )
-    if kind == "file":
-        path, _, attr = value.rpartition(":")
-        return f"{os.path.abspath(os.path.expanduser(path))}:{attr}"
-    return value

@@ -3,7 +3,8 @@
 `run.concurrency = "process"` (`saorl.distributed.proc_pool`) runs each rollout worker in a child
 process, so that its decoding does not share the learner's interpreter lock.
 
-- `ProcessActor(name, factory, *args)` starts a fresh interpreter (`python -c`, not
+- `ProcessActor(name, factory, *args)` starts a fresh interpreter (`python -I -c`,
+  `saorl.child_python`, not
   multiprocessing's spawn, which re-imports the parent's `__main__`: a user's script without an
   `if __name__ == "__main__"` guard would run again), builds `factory(*args)` there and answers
   `call(method, *args)` over a socket pair, one call at a time. Arguments and answers travel by
@@ -35,6 +36,7 @@ from typing import Any
 
 import torch
 
+from saorl.child_python import python_argv
 from saorl.distributed.ray_learner import ActorFailure
 
 _EXIT = "__exit__"  # the message that ends a child's loop
@@ -60,7 +62,7 @@ class ProcessActor:
         with theirs:
             fd = theirs.fileno()
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, str(fd)],
+                python_argv(code, str(fd)),  # isolated: never a ./saorl of the current folder
                 pass_fds=(fd, *pass_fds),
                 start_new_session=True,
             )

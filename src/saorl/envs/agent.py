@@ -8,9 +8,10 @@ runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
 `openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
 `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `SAORL_WORKER` (the rollout worker's
 name) and, in a training run, `SAORL_AGENT_HOME` (`<run folder>/agents`, for the program's own
-files) in its environment, and prints `{"reward": ...}` as JSON on its last stdout line. Either
-returns the reward (a number, or a dict with "reward" and other numeric metrics, logged as
-`agent/<name>`).
+files) in its environment (of the host's environment only `COMMAND_ENV` and the names of
+`env.agent_env_passthrough`: no secrets), and prints `{"reward": ...}` as JSON on its last
+stdout line. Either returns the reward (a number, or a dict with "reward" and other numeric
+metrics, logged as `agent/<name>`).
 
 Without a reward: `env.reward_fns` score the episode's messages; else the task source's own
 environment grades the last assistant message (the one reply a single-turn task would see).
@@ -39,12 +40,14 @@ import sys
 import time
 import weakref
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
+from saorl.safe_io import make_dir
 
 MODEL_NAME = "policy"  # the name the endpoint serves
 AGENTS_DIR = "agents"  # in the run folder: SAORL_AGENT_HOME, the programs' own files
@@ -58,6 +61,20 @@ def task_dict(task: Any) -> dict[str, Any]:
     if callable(getattr(task, "as_dict", None)):
         return task.as_dict()
     return task_columns(task) or {"prompt": str(task)}
+
+
+# What a command agent gets of saorl's own environment, besides what saorl sets and the names
+# of env.agent_env_passthrough: a shell's basics, never the host's secrets (HF_TOKEN, keys).
+COMMAND_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM")
+COMMAND_ENV += ("TZ", "TMPDIR", "VIRTUAL_ENV")
+
+
+def command_env(passthrough: tuple[str, ...], saorl_vars: dict[str, str]) -> dict[str, str]:
+    """The environment of a command agent's process: `COMMAND_ENV` and the `passthrough` names
+    (or fnmatch patterns) of this process's environment, then `saorl_vars`."""
+    names = (*COMMAND_ENV, *passthrough)
+    kept = {k: v for k, v in os.environ.items() if any(fnmatchcase(k, n) for n in names)}
+    return {**kept, **saorl_vars}
 
 
 class AgentProgram:
@@ -80,6 +97,7 @@ class AgentProgram:
         self.tasks = cfg.agent_tasks
         # Notes printed once per run: the set is shared by the run's programs (one per episode)
         self.told = _TOLD if told is None else told
+        self.passthrough = tuple(cfg.agent_env_passthrough)
         self.grader, self.scorer = grader, scorer
         self.host, self.models = cfg.agent_host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
@@ -154,15 +172,17 @@ class AgentProgram:
         worker: str,
         extra_env: dict[str, str] | None = None,
     ) -> Any:
-        env = {
-            **os.environ,
-            "OPENAI_BASE_URL": base_url,
-            "OPENAI_API_KEY": api_key,
-            "OPENAI_MODEL": MODEL_NAME,
-            "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
-            **self.extra_env(),
-            **(extra_env or {}),
-        }
+        env = command_env(
+            self.passthrough,
+            {
+                "OPENAI_BASE_URL": base_url,
+                "OPENAI_API_KEY": api_key,
+                "OPENAI_MODEL": MODEL_NAME,
+                "SAORL_WORKER": worker,  # the rollout worker (Ray actor) whose endpoint it calls
+                **self.extra_env(),
+                **(extra_env or {}),
+            },
+        )
         proc = await asyncio.create_subprocess_shell(
             self.command,
             stdin=asyncio.subprocess.PIPE,
@@ -195,7 +215,7 @@ class AgentProgram:
         """More environment variables of a command's process."""
         if self.home is None:  # not in a training run (`saorl eval`): nothing to keep
             return {}
-        self.home.mkdir(parents=True, exist_ok=True)
+        make_dir(self.home, "agent home")  # never a link planted in the run folder
         return {"SAORL_AGENT_HOME": str(self.home)}
 
     def _tell_once(self, note: str) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from saorl.child_python import module_argv
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.agent import MODEL_NAME, AgentProgram, _read_result
 from saorl.envs.base import AgentFailure, EnvSpec, TaskList
@@ -192,7 +193,7 @@ class VerifiersProgram(AgentProgram):
                 "renderer": self.renderer.config,
             }
             env = {**os.environ, "SAORL_VERIFIERS": json.dumps(settings)}
-            RUNNERS[loop] = Runner([self.python, "-m", RUNNER, "serve"], env)
+            RUNNERS[loop] = Runner(module_argv(RUNNER, "serve", python=self.python), env)
         return RUNNERS[loop]
 
     async def aclose(self) -> None:
@@ -230,7 +231,7 @@ def prepare(cfg: EnvConfig, settings: dict[str, Any]) -> list[VerifiersTask]:
     python = cfg.verifiers_python or sys.executable
     try:
         out = subprocess.run(
-            [python, "-m", RUNNER, "prepare"],
+            module_argv(RUNNER, "prepare", python=python),  # isolated: saorl's own first
             env={**os.environ, "SAORL_VERIFIERS": json.dumps(settings)},
             stdout=subprocess.PIPE,
             check=True,

@@ -461,9 +461,11 @@ def write_results(
     if env.name == "swe":  # SWE-bench's name for the success rate
         summary = {"resolved_rate": summary["accuracy"], **summary}
     path = Path(out) if out else default_results_path(model, name, run_dir)
+    from saorl.safe_io import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    path.with_suffix(".summary.json").write_text(json.dumps(summary, indent=2))
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2))
     agent = f" (agent {env.agent or env.agent_command})" if env.name == "agent" else ""
     # Names and values come from data and endpoints: control characters escaped, and Text,
     # not markup, so `[link=...]` in a name stays text. The header is a line of its own: as

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from saorl.child_python import module_argv
 from saorl.config import Config, ConfigError, load_config
 from saorl.config.io import toml_string
 from saorl.experiments.arms import (  # noqa: F401  (re-exported: the public names of compare)
@@ -61,6 +62,7 @@ from saorl.experiments.compare_report import (  # noqa: F401
     write_compare_report,
 )
 from saorl.monitoring.metrics import METRICS_FILE
+from saorl.safe_io import make_dir, open_write, write_atomic
 
 WARMUP_DIR = "warmup"  # OUT/warmup: the supervised warm-ups the arms share (saorl.learner.sft)
 
@@ -168,8 +170,8 @@ def _run_arm(arm: Arm, cfg: Config, run_dir: Path) -> None:
     if (summary or {}).get("stopped_by") == "signal":  # saved; the whole comparison stops
         raise KeyboardInterrupt
     if not (run_dir / SUMMARY_FILE).exists():
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / SUMMARY_FILE).write_text(json.dumps(summary or {}, indent=2, default=str))
+        make_dir(run_dir, "run folder")
+        write_atomic(run_dir / SUMMARY_FILE, json.dumps(summary or {}, indent=2, default=str))
 
 
 @dataclass(frozen=True)
@@ -207,9 +209,9 @@ def plan_runs(
 
 
 def _record_failure(run_dir: Path, error: str, trace: str) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
+    make_dir(run_dir, "run folder")
     record = {"error": error, "traceback": trace}
-    (run_dir / FAILED_FILE).write_text(json.dumps(record, indent=2))
+    write_atomic(run_dir / FAILED_FILE, json.dumps(record, indent=2))
 
 
 def run_one(run: Run, base_config: Path | None, tag: str) -> bool:
@@ -238,8 +240,8 @@ def _spawn(run: Run, base_config: Path | None, tag: str) -> subprocess.Popen[byt
         "run_dir": str(run.run_dir),
         "base_config": None if base_config is None else str(base_config),
     }
-    with (run.run_dir.parent / f"{run.run_dir.name}.log").open("ab") as log:
-        cmd = [sys.executable, "-m", "saorl.experiments.compare", json.dumps(spec)]
+    with open_write(run.run_dir.parent / f"{run.run_dir.name}.log", "ab") as log:
+        cmd = module_argv("saorl.experiments.compare", json.dumps(spec))  # isolated child
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)  # holds its own fd
 
 
@@ -320,7 +322,7 @@ def run_compare(
         "seeds": seed_list if seeds > 1 else None,
         "arms": [{"name": a.name, "overrides": list(a.overrides)} for a in parsed],
     }
-    (out_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
+    write_atomic(out_dir / MANIFEST_FILE, json.dumps(manifest, indent=2))
 
     pending = []
     for i, run in enumerate(runs, 1):

@@ -26,6 +26,7 @@ from saorl.config import ConfigError, load_config
 from saorl.experiments.arms import ARMS, COMPONENTS, arm_components
 from saorl.monitoring.collapse import detect_collapse, metric_series
 from saorl.monitoring.metrics import METRICS_FILE, read_metrics
+from saorl.safe_io import atomic_write, write_atomic
 
 SUMMARY_FILE = "summary.json"
 FAILED_FILE = "failed.json"
@@ -330,7 +331,7 @@ def _html(
 
 
 def _write_csv(path: Path, rows: list[dict[str, Any]], columns: Sequence[str]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
+    with atomic_write(path, "w") as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         for row in rows:
@@ -385,9 +386,9 @@ def write_compare_report(
         )
     _write_csv(out_dir / "summary.csv", table, COLUMNS)
     _write_csv(out_dir / "arms.csv", arm_rows, ARM_COLUMNS)
-    (out_dir / "arms.txt").write_text(arms_text(arm_rows), encoding="utf-8")
+    write_atomic(out_dir / "arms.txt", arms_text(arm_rows))
     index = out_dir / "index.html"
-    index.write_text(_html(out_dir, table, arm_rows, png, manifest), encoding="utf-8")
+    write_atomic(index, _html(out_dir, table, arm_rows, png, manifest))
     return index
 
 

@@ -92,9 +92,20 @@ def plot_run(
     title."""
     fig = run_figure(metrics, title, collapse)
     out_png = Path(out_png)
+    return save_figure(fig, out_png)
+
+
+def save_figure(fig: Any, out_png: Path) -> Path:
+    """Write `fig` as a PNG to `out_png` (parents created) without following a link there."""
+    import io
+
+    from saorl.safe_io import write_atomic
+
+    out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    return out_png
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    return write_atomic(out_png, buf.getvalue())
 
 
 def run_figure(
@@ -335,9 +346,7 @@ def _save_with_legend(fig: Any, handles: list[Any], out_png: Path) -> Path:
     if handles:
         fig.legend(handles=handles, loc="outside lower center", ncols=min(3, len(handles)))
     out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=100)
-    return out_png
+    return save_figure(fig, out_png)
 
 
 def seed_bands(

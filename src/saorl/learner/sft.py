@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ from saorl.envs.base import Segments
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import lora_warmup
 from saorl.models.tokenizer import encode_prompt
+from saorl.safe_io import atomic_write, make_dir
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
@@ -109,10 +109,9 @@ def supervised_warmup(
     with lora_warmup(policy):
         trained = _supervised_steps(policy, tokenizer, spec, cfg, progress)
     if cached is not None and trained:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        partial = cached.with_name(f"{cached.name}.{os.getpid()}.tmp")  # parallel arms: each
-        torch.save({k: v.detach().cpu() for k, v in policy.state_dict().items()}, partial)
-        os.replace(partial, cached)  # writes its own, then one atomic rename wins
+        make_dir(cached.parent, "warm-up cache")
+        with atomic_write(cached) as f:  # parallel arms: each its own, one atomic rename wins
+            torch.save({k: v.detach().cpu() for k, v in policy.state_dict().items()}, f)
 
 
 # What the warm-up's result depends on besides the model, env and sft_* settings. The torch and

@@ -29,6 +29,7 @@ from saorl.losses import value_loss
 from saorl.models.loading import load_policy, resolve_device
 from saorl.monitoring.metrics import TrainProgress
 from saorl.rollout.agent import UNTRAINABLE
+from saorl.safe_io import atomic_write
 from saorl.types import Batch
 
 
@@ -104,12 +105,8 @@ def value_pretrain(
     ev_after = _explained_variance(learner, held_batches)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Written whole or not at all: a kill mid-write must not leave a torn critic file behind.
-    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-    try:
-        torch.save({"critic": learner.critic.state_dict(), "config": config_to_toml(cfg)}, tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_write(out) as f:
+        torch.save({"critic": learner.critic.state_dict(), "config": config_to_toml(cfg)}, f)
     return {
         "rollouts": len(trajs),
         "heldout": n_held,

@@ -232,8 +232,8 @@ def import_gguf(path: Path, out: Path, source: dict[str, str] | None = None) -> 
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    # A fresh private folder beside `out` (mkdtemp: never a name someone planted a link at).
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     model.save_pretrained(str(tmp))
     tokenizer.save_pretrained(str(tmp))
     info = {

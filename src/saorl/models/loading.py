@@ -299,9 +299,11 @@ def save_pretrained(model: Any, tokenizer: PreTrainedTokenizerBase, path: Path) 
     a whole model (the previous one until the new one is complete).
     """
     path = Path(path)
+    from saorl.safe_io import refuse_link, temp_dir
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    refuse_link(path, "a model folder")
+    tmp = temp_dir(path)  # fresh and 0700: nothing planted in it for the writes to follow
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()  # one bar per checkpoint would scroll past the progress
     try:

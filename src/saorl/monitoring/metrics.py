@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import time
 import warnings
@@ -23,6 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
+
+from saorl.safe_io import make_dir, open_write, write_atomic
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -73,11 +74,11 @@ class MetricsLogger:
 
     def __init__(self, run_dir: Path, trackers: Sequence[Any] = ()) -> None:
         self.run_dir = Path(run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.run_dir, "run folder")
         self.path = self.run_dir / METRICS_FILE
         self.trackers = list(trackers)
         _drop_partial_last_line(self.path)
-        self._file = self.path.open("a", encoding="utf-8")
+        self._file = open_write(self.path, "a")
         self._calls = 0
 
     def log(self, metrics: Mapping[str, Any]) -> None:
@@ -143,7 +144,7 @@ def _drop_partial_last_line(path: Path) -> None:
         f"{path}: dropping an unfinished last line ({len(data) - keep} bytes) before appending",
         stacklevel=3,
     )
-    with path.open("r+b") as f:
+    with open_write(path, "ab") as f:
         f.truncate(keep)
 
 
@@ -198,9 +199,7 @@ def truncate_metrics(path: Path, max_step: int) -> int:
     keep = [r for r in rows if not isinstance(r.get("step"), int) or r["step"] <= max_step]
     if len(keep) == len(rows):
         return 0
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saorl.monitoring.metrics import MetricsLogger
+from saorl.safe_io import open_write
 from saorl.types import Trajectory
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ class SampleLogger:
         ]
         for t in failed:
             rows.append({**sample_row(self.tokenizer, t, step, 0, 0, {}), "index": None})
-        with self.path.open("a", encoding="utf-8") as f:
+        with open_write(self.path, "a") as f:
             f.write("".join(json.dumps(r, allow_nan=False) + "\n" for r in rows))
         self.log.log_samples(rows, step)
         return rows

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.safe_io import make_dir, open_write, write_atomic
 
 TRACKERS_FILE = "trackers.json"
 INSTALL_HINT = "pip install 'saorl[tracking]'"
@@ -139,7 +140,7 @@ def open_trackers(cfg: Config, run_dir: Path, resume_step: int | None) -> list[T
             t.close(ok=False)
         raise
     states = {name: t.state() for name, t in zip(cfg.run.trackers, opened, strict=True)}
-    path.write_text(json.dumps({**stored, **states}, indent=2) + "\n", encoding="utf-8")
+    write_atomic(path, json.dumps({**stored, **states}, indent=2) + "\n")
     return opened
 
 
@@ -190,11 +191,11 @@ class TensorBoardTracker:
 
         self._event, self._summary, self._crc, self._text = Event, Summary, masked_crc32c, text
         self.log_dir = Path(run_dir) / "tensorboard"
-        self.log_dir.mkdir(parents=True, exist_ok=True)
+        make_dir(self.log_dir, "TensorBoard folder")
         # TensorBoard reads a directory's event files in name order: time, host, then the step
         # this writer starts after, so a resume in the same second still sorts after its run.
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}"
-        self._file = (self.log_dir / f"{name}.{resume_step or 0:09d}").open("ab")
+        self._file = open_write(self.log_dir / f"{name}.{resume_step or 0:09d}", "ab")
         self._write(Event(file_version="brain.Event:2"))
         if resume_step is not None:
             # The steps after the checkpoint are logged again: a restart marker at the first of
@@ -295,7 +296,7 @@ class MlflowTracker:
         artifacts = None
         if not uri:
             store = Path(run_dir).resolve() / "mlruns"
-            store.mkdir(parents=True, exist_ok=True)
+            make_dir(store, "MLflow store")
             uri = f"sqlite:///{store / 'mlflow.db'}"
             # Otherwise artifacts land in ./mlruns of whatever the current directory is.
             artifacts = (store / "artifacts").as_uri()

@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import re
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +49,8 @@ from saorl.rollout.endpoint_api import (
     ChatRequest,
     GenerateRequest,
     Reply,
+    body_limit,
+    check_body_size,
     check_chat,
     check_generate,
     generate_body,
@@ -81,6 +85,7 @@ class TrainingEndpoint:
         call_timeout_s: float = 600.0,
     ) -> None:
         self.submit, self.tokenizer, self.context_len = submit, tokenizer, context_len
+        self.body_limit = body_limit(context_len)  # bytes of a request body (endpoint_api)
         self.codec = ChatCodec(tokenizer)
         self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
@@ -166,6 +171,7 @@ class TrainingEndpoint:
             return served_models(self.models, self.context_len)
         if method != "POST":
             raise ApiError(405, f"use POST for /{what}")
+        check_body_size(len(raw), self.body_limit)  # an in-process client's body too
         session = self.session_for(key, headers)
         if what == "inference/v1/generate":
             token_req = check_generate(parse_json(raw), self.models, len(self.tokenizer))
@@ -371,11 +377,13 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
         # waits for the client's delayed ACK (~40 ms a call).
         disable_nagle_algorithm = True
 
-        def _json(self, status: int, body: dict[str, Any] | None) -> None:
+        def _json(self, status: int, body: dict[str, Any] | None, close: bool = False) -> None:
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(data)))
+            if close:
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(data)
 
@@ -401,7 +409,30 @@ def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
             self._answer("GET")
 
         def do_POST(self) -> None:
-            self._answer("POST", self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+            # The size is checked before a byte of the body is read (or parsed, or tokenized).
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+                if size < 0:
+                    raise ValueError(size)
+                check_body_size(size, endpoint.body_limit)
+            except (ValueError, ApiError) as e:
+                refused = e if isinstance(e, ApiError) else ApiError(400, "bad Content-Length")
+                self.close_connection = True  # the unread body must not be taken for a request
+                self._json(refused.status, refused.body(), close=True)
+                self._drop_body()
+                return
+            self._answer("POST", self.rfile.read(size))
+
+        def _drop_body(self) -> None:
+            """Read and drop what the client still sends of a refused body, for at most 2 s:
+            closing a socket with unread data resets the connection, and the client would see
+            that instead of the answer (a lingering close, as web servers do)."""
+            deadline = time.monotonic() + 2.0
+            with contextlib.suppress(OSError, ValueError):
+                while (left := deadline - time.monotonic()) > 0:
+                    self.connection.settimeout(left)
+                    if not self.rfile.read1(1 << 16):
+                        break
 
         def log_message(self, *args: object) -> None:
             pass

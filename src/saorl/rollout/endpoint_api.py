@@ -56,6 +56,31 @@ class ChatRequest:
     logprobs: bool = False
 
 
+# A request body over `body_limit(context_len)` bytes is refused (413) before it is read, parsed
+# or tokenized: a conversation that fits the model's context is far smaller (a token is a few
+# bytes of text, at most ~6 per character when JSON-escaped), and tokenizing megabytes costs
+# seconds of the worker's CPU. 64 bytes per token of context, at least 1 MiB.
+MIN_BODY_BYTES = 1 << 20
+BODY_BYTES_PER_TOKEN = 64
+
+
+def body_limit(context_len: int) -> int:
+    """The largest request body (bytes) the endpoint reads for a model of `context_len`."""
+    return max(MIN_BODY_BYTES, BODY_BYTES_PER_TOKEN * context_len)
+
+
+def check_body_size(size: int, limit: int) -> None:
+    """ApiError 413 when a request body of `size` bytes is over `limit`."""
+    if size > limit:
+        raise ApiError(
+            413,
+            f"the request body is {size} bytes, over this endpoint's limit of {limit} bytes "
+            f"({BODY_BYTES_PER_TOKEN} bytes per token of the model's context, at least "
+            f"{MIN_BODY_BYTES >> 20} MiB): a conversation that long cannot fit the context",
+            code="request_too_large",
+        )
+
+
 def parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)

@@ -38,7 +38,6 @@ import subprocess
 import sys
 import threading
 from multiprocessing.connection import Connection
-from pathlib import Path
 from typing import Any
 
 _log = logging.getLogger("saorl.envs.math.grader")
@@ -171,22 +170,16 @@ class Worker:
         """
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        package_root = str(Path(__file__).resolve().parents[3])  # src/, saorl's parent
-        path = os.environ.get("PYTHONPATH")
-        env = {**os.environ, "PYTHONPATH": package_root + (os.pathsep + path if path else "")}
+        from saorl.child_python import module_argv
+
         try:
+            # Isolated (`python -I`) with this process's saorl and import path passed along:
+            # never a ./saorl of the current folder.
             self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "saorl.envs.math.worker",
-                    str(to_worker_r),
-                    str(from_worker_w),
-                ],
+                module_argv("saorl.envs.math.worker", str(to_worker_r), str(from_worker_w)),
                 pass_fds=(to_worker_r, from_worker_w),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
-                env=env,
                 close_fds=True,
             )
         except OSError as exc:

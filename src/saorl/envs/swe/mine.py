@@ -49,6 +49,7 @@ from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.validate import code_hash, store_verdict, validate_task
 from saorl.envs.swe.venv import INPUTS, EnvBuildError, ensure_env
 from saorl.envs.swe.workspace import remove_tree
+from saorl.safe_io import open_write, write_atomic
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 NOT_A_CANDIDATE = "does not change both code and tests"
@@ -329,11 +330,11 @@ def mine(
         except Exception as e:  # a failing git or sandbox call costs this commit, not the run
             return Outcome(commit, None, f"error: {type(e).__name__}: {e}", remember=False)
         if outcome.row is None and outcome.remember:
-            path.write_text(json.dumps({"reason": outcome.reason}))
+            write_atomic(path, json.dumps({"reason": outcome.reason}))
         return outcome
 
     opts.out.parent.mkdir(parents=True, exist_ok=True)
-    with open(opts.out, "a", encoding="utf-8") as out, ThreadPoolExecutor(opts.jobs) as pool:
+    with open_write(opts.out, "a") as out, ThreadPoolExecutor(opts.jobs) as pool:
         futures = [pool.submit(one, c) for c in todo]
         for future in as_completed(futures):
             outcome = future.result()

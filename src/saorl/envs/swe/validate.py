@@ -27,7 +27,6 @@ import logging
 import os
 import re
 import shlex
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -40,6 +39,7 @@ from saorl.envs.swe.outcomes import CUT_SHORT, TOLERATED, counts_as_passing
 from saorl.envs.swe.swebench import changes_from_patch
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.venv import attach_envs
+from saorl.safe_io import write_atomic
 
 VERSION = "1"
 _log = logging.getLogger(__name__)
@@ -199,9 +199,7 @@ def validate_cached(
 def store_verdict(cache_dir: Path, task: SweTask, result: Validation) -> None:
     path = _cache_path(cache_dir, task)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(asdict(result)))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(asdict(result)))
 
 
 def default_jobs() -> int:

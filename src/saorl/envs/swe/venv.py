@@ -81,6 +81,7 @@ from saorl.envs.swe.build_sandbox import (
 from saorl.envs.swe.git import git, git_argv, git_env
 from saorl.envs.swe.task import EnvSource, TaskEnv
 from saorl.envs.swe.workspace import remove_tree
+from saorl.safe_io import open_write, write_atomic
 
 BUILD_VERSION = "2"  # bump when what a build produces changes: every key changes with it
 TEST_EXTRAS = ("test", "tests", "testing")
@@ -260,7 +261,7 @@ def env_key(
 
 @contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:  # flock: per open file, so threads exclude each other too
+    with open_write(path, "a") as f:  # flock: per open file, so threads exclude each other too
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
@@ -320,7 +321,7 @@ def _build(
         ) from None
     finally:
         remove_tree(envdir / "build")
-        (envdir / "build.log").write_text("\n".join(log), encoding="utf-8")
+        write_atomic(envdir / "build.log", "\n".join(log))
     record = {
         **asdict(env),
         "repo": source.repo,
@@ -328,9 +329,7 @@ def _build(
         "plan": asdict(plan),
         "seconds": round(time.monotonic() - start, 2),
     }
-    tmp = envdir / f".{READY}.tmp"
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, envdir / READY)
+    write_atomic(envdir / READY, json.dumps(record, indent=1))
     return env
 
 

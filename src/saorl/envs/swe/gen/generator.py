@@ -36,7 +36,6 @@ import re
 import sys
 import tempfile
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +45,7 @@ from saorl.envs.swe.gen.templates import PACKAGES, PLACEHOLDER, Template, all_te
 from saorl.envs.swe.grading import PASSING, TestRun, check_pytest, run_tests
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.workspace import remove_tree, safe_relpath, write_files
+from saorl.safe_io import write_atomic
 
 MAX_SITES_TRIED = 24  # mutation sites tried per task index before the index is skipped
 # A mutant whose test runs more lines than this hangs (the templates' tests run a few thousand).
@@ -295,9 +295,7 @@ def build_task(seed: int, index: int, cache_dir: Path, use_cache: bool = True) -
         record = validate(seed, index)
         if use_cache:
             record_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record_path.with_suffix(f".tmp-{uuid.uuid4().hex}")  # other processes too
-            tmp.write_text(json.dumps(record), encoding="utf-8")
-            tmp.replace(record_path)
+            write_atomic(record_path, json.dumps(record))  # other processes too
     return None if record is None else task_from_record(record, cache_dir)
 
 
