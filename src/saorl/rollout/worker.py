@@ -172,6 +172,8 @@ class AgentLimits:
     # Benchmarks (`rollout.forced_length`): each turn generates exactly this many tokens
     # (clamped to the budget and context), EOS suppressed; None = the model decides.
     forced_length: Callable[[], int] | None = None
+    # `rollout.max_agent_processes`: command agents running at once (0 = twice the cores)
+    max_agent_processes: int = 0
 
 
 async def _settle(timeout_s: float) -> None:
@@ -399,7 +401,13 @@ class RolloutWorker:
             self._start_episode(*item)
 
     def limits_concurrency(self) -> int:
-        return self.engine.max_concurrent
+        cap = self.agents.cap if self.agents is not None else 0  # command agents' processes
+        return min(self.engine.max_concurrent, cap) if cap else self.engine.max_concurrent
+
+    def describe(self) -> str:
+        """What its episodes are doing, for a run that waits long for a batch."""
+        text = f"{self.name}: {self.active} episodes in flight"
+        return text + (f"; {self.agents.describe()}" if self.agents is not None else "")
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""
