@@ -19,12 +19,11 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from typing import Any
 
 _lock = threading.Lock()
 _max = 0  # 0 until set: twice the cores
-_alive: dict[int, tuple[float, Any]] = {}  # process group id -> (start time, the event loop)
+_alive: dict[int, Any] = {}  # process group id -> the event loop that started it
 _taken = 0  # slots held: programs alive or starting
 _waiting = 0  # episodes waiting for a slot
 POLL_S = 0.02  # how often a waiting episode looks for a free slot
@@ -101,7 +100,7 @@ async def run(command: str, stdin: bytes, env: dict[str, str]) -> tuple[int, byt
         _give()
         raise
     with _lock:
-        _alive[proc.pid] = (time.monotonic(), asyncio.get_running_loop())
+        _alive[proc.pid] = asyncio.get_running_loop()
     try:
         out, err = await proc.communicate(stdin)
     finally:
@@ -124,21 +123,19 @@ def kill_groups(loop: Any = None) -> int:
     """Kill the process groups of the programs started on `loop` (None: all of them); how many.
     Their episodes' coroutines reap them when their loop next runs."""
     with _lock:
-        groups = [g for g, (_, lp) in _alive.items() if loop is None or lp is loop]
+        groups = [g for g, lp in _alive.items() if loop is None or lp is loop]
     for g in groups:
         _kill(g)
     return len(groups)
 
 
 def status(loop: Any = None) -> str:
-    """What the programs are doing: how many run (on `loop`, None: in this process), the oldest's
-    age, how many episodes wait for a slot."""
-    now = time.monotonic()
+    """How many programs run (started on `loop`; None: in this process), how many episodes of
+    this process wait for a slot."""
     with _lock:
-        ages = [now - t for t, lp in _alive.values() if loop is None or lp is loop]
+        running = sum(1 for lp in _alive.values() if loop is None or lp is loop)
         waiting, cap = _waiting, max_processes()
-    oldest = f", the oldest for {max(ages):.0f} s" if ages else ""
-    text = f"{len(ages)} agent processes running (at most {cap} at once{oldest})"
+    text = f"{running} agent processes running (at most {cap} at once)"
     return text + (f", {waiting} episodes waiting for one" if waiting else "")
 
 

@@ -66,7 +66,6 @@ class AgentRuns:
         self._open_lock = threading.Lock()
         self._first_queued: float | None = None  # the oldest call not yet admitted, if any
         self._last_event = 0.0  # the last call, answer, episode start or episode end
-        self.last_error = ""  # the newest failure's message (`describe`)
         # Command agents: at most this many episodes at once (0: no cap), as many as programs
         # may run (`rollout.max_agent_processes`, saorl.envs.agent_procs).
         self.procs = getattr(env, "processes", None)
@@ -146,15 +145,11 @@ class AgentRuns:
         return bool(self.pending)
 
     def describe(self) -> str:
-        """How many episodes run, for how long, the programs' processes, the last failure."""
+        """The oldest episode's age and what the programs' processes are doing."""
         limit, now = self.worker.limits.env_timeout_s, time.monotonic()
         ages = [now - (deadline - limit) for _, _, deadline in self.pending]
-        text = f"{len(ages)} agent episodes" + (
-            f", the oldest for {max(ages):.0f} s" if ages else ""
-        )
-        if self.procs is not None:
-            text += f"; {self.procs.status(self.worker._bg_loop)}"
-        return text + (f"; last failure: {self.last_error}" if self.last_error else "")
+        text = f", the oldest for {max(ages):.0f} s" if ages else ""
+        return text + (f"; {self.procs.status(self.worker._bg_loop)}" if self.procs else "")
 
     def drain(self) -> None:
         still = []
@@ -184,7 +179,6 @@ class AgentRuns:
 
     def _fail(self, session: AgentSession, reason: str, message: str) -> None:
         self.failures[reason] += 1
-        self.last_error = message
         if self.failures[reason] == 1:  # once per kind: rollout/failed counts every one
             print(
                 f"saorl: {self.worker.name}: an agent episode failed ({reason}): {message}",

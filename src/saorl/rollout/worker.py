@@ -296,7 +296,7 @@ class RolloutWorker:
     def describe(self) -> str:
         """What its episodes are doing, for a run that waits long for a batch."""
         text = f"{self.name}: {self.active} episodes in flight"
-        return text + (f"; {self.agents.describe()}" if self.agents is not None else "")
+        return text + (self.agents.describe() if self.agents is not None else "")
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""
