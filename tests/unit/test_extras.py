@@ -33,11 +33,13 @@ EXTRA_OF: dict[str, str] = {
     "saorl.distributed.weight_sync": "ray",
     "saorl.rollout.vllm_": "vllm",
 }
-# Distributions of the extras that run in venvs of their own (not installed here):
-# import name -> distribution.
+# Distributions of the extras that run in venvs of their own (not installed here), or that
+# `dev` has only through other packages: import name -> distribution.
 NOT_INSTALLED: dict[str, str] = {
     "vllm": "vllm",
     "verifiers": "verifiers",
+    "uvicorn": "uvicorn",  # openenv's; here through mcp and mlflow-skinny
+    "websockets": "websockets",  # openenv's; here through openai-agents
 }
 # (module, import) -> why it need not be declared: optional imports behind
 # `try: ... except ImportError:` with a message of their own, and scripts for other interpreters.
