@@ -66,7 +66,7 @@ class GuessEnvironment(Environment):
 
 
 # max_concurrent_envs: sessions at once; at least the episodes saorl runs concurrently
-# (rollout.max_concurrent per rollout worker).
+# (rollout.max_concurrent per rollout worker). Fewer also train, slower (docs/openenv.md).
 app = create_app(
     GuessEnvironment, GuessAction, GuessObservation, env_name="guess", max_concurrent_envs=256
 )

@@ -29,3 +29,18 @@ def children_of(pid: int, marker: bytes = b"", *, zombies: bool = False) -> list
         if int(ppid) == pid and (zombies or state != b"Z") and marker in cmdline:
             found.append(int(entry.name))
     return found
+
+
+def processes_with(marker: bytes) -> list[int]:
+    """Every live process (not a zombie) whose command line contains `marker`, whoever its
+    parent: an orphan's parent is init (or a subreaper), not the process that started it."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat, cmdline = _read(entry / "stat"), _read(entry / "cmdline")
+        if stat is None or cmdline is None:
+            continue
+        if stat.rsplit(b")", 1)[1].split()[0] != b"Z" and marker in cmdline:
+            found.append(int(entry.name))
+    return found

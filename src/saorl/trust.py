@@ -42,12 +42,12 @@ _ALLOWED_BY_SECTION = {
     "rollout": "engine temperature top_p max_new_tokens score_truncated stop max_concurrent "
     "num_workers kv_cache forced_length forced_length_median forced_length_sigma "
     "vllm_gpu_memory_utilization vllm_kv_cache_gib vllm_enforce_eager "
-    "vllm_recompute_kv_on_update",
+    "vllm_recompute_kv_on_update max_agent_processes",
     "algorithm": "name advantage policy_loss group_size group_sampling clip_eps_low clip_eps_high "
     "minibatches lm_loss_coef lm_loss_min_reward baseline_window baseline_scope "
     "baseline_global_window eps_low eps_high loss_agg gamma lambda_mode lambda_policy "
     "lambda_alpha lambda_critic skip_observations kl_coef kl_reference entropy_coef correction "
-    "correction_low correction_high routing_replay",
+    "correction_low correction_high routing_replay group_std_norm",
     "critic": "lr name_or_path updates_per_step warmup_steps freeze value_clip grad_clip "
     "optimizer_offload weight_decay lora_rank lora_alpha concurrent device",
     "learner": "lr weight_decay grad_clip batch_size micro_batch_size micro_batch_tokens fsdp "
@@ -64,7 +64,8 @@ _ALLOWED_BY_SECTION = {
     "max_worker_restarts progress project log_samples_every log_samples_count stop_on_collapse",
     "collapse": "window patience baseline_window reward_drop reward_noise eval_drop "
     "eval_min_best entropy_low entropy_high length_low length_high grad_norm_spike kl_spike "
-    "kl_floor mismatch_floor spike_instant masked_frac_spike masked_frac_floor ess_low gap_rise",
+    "kl_floor mismatch_floor spike_instant masked_frac_spike masked_frac_floor ess_low gap_rise "
+    "critic_clip_x critic_ev_steps",
     "ray": "enabled num_cpus learner_ranks learner_num_cpus learner_num_gpus rollout_num_cpus "
     "rollout_num_gpus critic_actor critic_num_cpus critic_num_gpus critic_placement "
     "weight_sync start_timeout_s",

@@ -68,3 +68,5 @@ class GuessEnvironment(Environment):
 app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=64)
 # At most one session: the second concurrent episode finds the server full.
 small_app = create_app(GuessEnvironment, GuessAction, GuessObservation, max_concurrent_envs=1)
+# Written the plainest way: create_app's default, one session.
+plain_app = create_app(GuessEnvironment, GuessAction, GuessObservation)

@@ -1,7 +1,8 @@
 """OpenEnv episodes through the whole rollout worker, token in, token out: a real OpenEnv app
 (tests/openenv_tier/_guess_env.py) served in-process on loopback, a hermes chat template that
 renders the action's tool schema, scripted model turns with good and bad actions; an
-unreachable and a full server fail their episodes, and every session is closed."""
+unreachable server fails its episodes, a full one makes them wait, and every session is
+closed."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import queue
 import random
 import socket
+import threading
 import time
 
 import pytest
@@ -25,6 +27,7 @@ from tests.openenv_tier._marks import OPENENV_TIER
 
 pytestmark = OPENENV_TIER
 APP = "tests.openenv_tier._guess_env:app"
+PLAIN = "tests.openenv_tier._guess_env:plain_app"
 
 
 class _One:
@@ -149,24 +152,54 @@ def test_an_unreachable_server_fails_the_episode_with_its_reason():
     assert openenv.FAILURES["unreachable"] == before + 1
 
 
-def test_a_full_server_fails_the_episode_and_a_freed_one_serves_again():
+def test_a_full_server_makes_the_episode_wait_for_a_free_session(capfd):
     from websockets.sync.client import connect
 
     base = serve_app("tests.openenv_tier._guess_env:small_app")  # one session at most
-    make_env = lambda: OpenEnvEnv(base, "hermes")  # noqa: E731
+    make_env = lambda: OpenEnvEnv(base, "hermes", timeout_s=60)  # noqa: E731
+
+    def leave_once_refused(held):  # the server has said how many sessions it holds: leave
+        deadline = time.monotonic() + 30
+        while not openenv.sessions(base).capacity and time.monotonic() < deadline:
+            time.sleep(0.02)
+        held.close()
+
     with connect(ws_url(base), proxy=None) as held:  # another client holds the only session
         held.send('{"type": "reset", "data": {"seed": 0}}')
         assert '"observation"' in held.recv(timeout=10)
-        traj, _ = _run(make_env, [])
-        assert traj.stop_reason == "env_error"
-        assert "OpenEnvFailure: capacity_reached: " in traj.info["error"]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:  # the held session is released shortly after
+        thread = threading.Thread(target=leave_once_refused, args=(held,))
+        thread.start()
         traj, _ = _run(make_env, [guess(4)])
-        if traj.stop_reason != "env_error":
-            break
-        time.sleep(0.1)
-    assert traj.stop_reason == "answer" and traj.reward == 1.0
+        thread.join()
+    assert traj.stop_reason == "answer" and traj.reward == 1.0, traj.info
+    assert openenv.sessions(base).capacity == 1
+    assert "holds 1 session(s) at once" in capfd.readouterr().err
+
+
+def test_a_one_session_server_written_the_plainest_way_runs_every_episode():
+    """`create_app(Env, Action, Observation)`: one session. The worker has room for eight
+    episodes; all of them run, one after the other, none fails."""
+    spec = build_env(EnvConfig(name="openenv", openenv_app=PLAIN, args={"max_guesses": 2}))
+    tok = _tokenizer("hermes")
+    engine = ScriptedEngine(tok, [guess(1)] * 16)
+    engine.max_concurrent = 8
+    out: queue.Queue = queue.Queue()
+    limits = AgentLimits(4096, 200, max_turns=2, max_tool_calls=2, stop=("</tool_call>",))
+    feed = PromptFeed(spec.task, random.Random(0), 8, 1)
+    worker = RolloutWorker(engine, feed, tok, out, spec.make_env, limits)
+    before = _counts()
+    trajs: list = []
+    deadline = time.monotonic() + 120
+    while len(trajs) < 8 and time.monotonic() < deadline:
+        worker.fill()
+        worker.step()
+        while not out.empty():
+            trajs.append(out.get_nowait())
+        time.sleep(0.005)
+    worker.stop_thread()
+    assert len(trajs) == 8 and not [t.info for t in trajs if t.stop_reason == "env_error"]
+    assert _counts()["reset"] - before["reset"] == 8  # refused sessions never reached reset
+    assert openenv.sessions(PLAIN).capacity == 1
 
 
 def test_llama3_calls_become_actions():

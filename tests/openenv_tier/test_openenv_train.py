@@ -47,3 +47,17 @@ def test_the_example_trains_two_steps(tmp_path, monkeypatch, capfd):
     # Every session was closed, not dropped: the server logs a dropped one as an error (the
     # prompt check's resets before step 1 did).
     assert "Exception in ASGI application" not in capfd.readouterr().err
+
+
+def test_a_one_session_server_trains_as_it_is(tmp_path, monkeypatch, capfd):
+    """An app written the plainest way (`create_app`'s default: one session) trains, one
+    episode at a time, none failed; one line says why it is slow."""
+    monkeypatch.chdir(ROOT)
+    config = ROOT / "examples" / "openenv_guess.toml"
+    app = "env.openenv_app=tests/openenv_tier/_guess_env.py:plain_app"
+    assert main(["train", "--config", str(config), f"run.output_dir={tmp_path}", *TINY, app]) == 0
+    rows = [json.loads(x) for x in (tmp_path / "openenv_guess" / "metrics.jsonl").open()]
+    trained = [r for r in rows if "loss/policy" in r or "critic/loss" in r]
+    assert len(trained) == 2 and all(r["rollout/failed"] == 0 for r in trained)
+    err = capfd.readouterr().err
+    assert err.count("holds 1 session(s) at once") == 1, err[-3000:]

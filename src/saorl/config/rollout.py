@@ -37,6 +37,13 @@ class RolloutConfig(_Section):
     max_concurrent: int = Field(
         64, ge=1, description="sequences decoded together by one engine (continuous batching)"
     )
+    max_agent_processes: int = Field(
+        0,
+        ge=0,
+        description="command agents (env.agent_command) running at once in each process that "
+        "runs rollout workers; more episodes wait for a slot (0 = twice the CPU cores); each "
+        "runs in its own process group, killed whole when its episode ends",
+    )
     num_workers: int = Field(
         1, ge=1, description="rollout workers (engines) generating while the learner trains"
     )

@@ -172,6 +172,9 @@ def _child_main() -> None:
             conn.send_bytes(data)
         except OSError:
             break
+    procs = sys.modules.get("saorl.envs.agent_procs")  # command agents it started (atexit
+    if procs is not None:  # handlers do not run on os._exit), however the driver went
+        procs.kill_groups()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # daemon threads (the rollout worker's) end with the process

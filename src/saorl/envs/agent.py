@@ -35,7 +35,6 @@ import json
 import math
 import numbers
 import os
-import signal
 import sys
 import time
 import weakref
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
+from saorl.envs import agent_procs
 from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
 from saorl.safe_io import make_dir
@@ -98,6 +98,8 @@ class AgentProgram:
         # Notes printed once per run: the set is shared by the run's programs (one per episode)
         self.told = _TOLD if told is None else told
         self.passthrough = tuple(cfg.agent_env_passthrough)
+        # Command agents' processes (capped, killed by group), for the rollout worker
+        self.processes = agent_procs if self.command else None
         self.grader, self.scorer = grader, scorer
         self.host, self.models = cfg.agent_host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
@@ -183,24 +185,13 @@ class AgentProgram:
                 **(extra_env or {}),
             },
         )
-        proc = await asyncio.create_subprocess_shell(
-            self.command,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+        # At most rollout.max_agent_processes at once; its process group is killed with it.
+        code, out, err = await agent_procs.run(
+            self.command, json.dumps(task, default=str).encode(), env
         )
-        try:
-            out, err = await proc.communicate(json.dumps(task, default=str).encode())
-        except BaseException:  # timed out (cancelled) or the run stops: no orphaned agents
-            if proc.returncode is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()  # reaped on this loop, not by a transport's finaliser later
-            raise
         tail = err.decode(errors="replace").strip()[-300:]
-        if proc.returncode != 0:
-            raise AgentFailure("exit", f"{self.command!r} exited with {proc.returncode}: {tail}")
+        if code != 0:
+            raise AgentFailure("exit", f"{self.command!r} exited with {code}: {tail}")
         lines = [ln for ln in out.decode(errors="replace").splitlines() if ln.strip()]
         if not lines:
             raise AgentFailure("no_reward", f"{self.command!r} printed nothing on stdout: {tail}")

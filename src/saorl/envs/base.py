@@ -102,3 +102,10 @@ class AgentFailure(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class EnvBusy(Exception):
+    """Raised by an environment's `reset` that has no room for another episode now (a server
+    whose sessions are all taken, by this process's own episodes): not a failure. The rollout
+    worker hands the task out again and starts no more episodes than the environment's
+    `room()` (free places, or None: no limit) says."""

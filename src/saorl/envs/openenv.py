@@ -10,9 +10,18 @@ call of it is sent as the action, the observation comes back as the tool result,
 server's reward (summed over the episode's steps) and `done` end the episode. A reply without a
 call ends the episode too. Bad actions (a malformed call, another tool, arguments the server's
 action model rejects, an action the environment raised on) are `error: ...` observations the
-model reads. An unreachable server, a dropped connection, a reset the server fails or a full
-server fail the episode (`env_error`, not trained on), the reason counted in `FAILURES` and
-named on stderr once per kind; the run goes on.
+model reads. An unreachable server, a dropped connection or a reset the server fails fail the
+episode (`env_error`, not trained on), the reason counted in `FAILURES` and named on stderr
+once per kind; the run goes on.
+
+A server holds at most `max_concurrent_envs` sessions (`create_app`'s argument, 1 by default).
+The first `CAPACITY_REACHED` answer says how many (`Sessions`): from then on each rollout
+worker starts episodes only while this process has a session free on that server (`room`), an
+episode refused while this process's own episodes hold every session goes back to the feed
+(`EnvBusy`), and one refused while sessions are free here (held by other clients, or not yet
+released by the server) waits and tries again, with growing pauses, for up to
+`env.step_timeout_s` before it fails (`capacity_reached`). One line on stderr says why the run
+is slow.
 
 An app is served by uvicorn in a daemon thread of each process that runs episodes (each Ray
 rollout actor its own), started with the first episode on `127.0.0.1` and a free port. Needs
@@ -25,6 +34,7 @@ import asyncio
 import contextlib
 import json
 import random
+import re
 import socket
 import sys
 import threading
@@ -36,7 +46,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.base import EnvSpec, Message, StepResult
+from saorl.envs.base import EnvBusy, EnvSpec, Message, StepResult
 from saorl.envs.openenv_tools import (
     action_from_call,
     action_tool,
@@ -52,6 +62,7 @@ FAILURES: Counter[str] = Counter()  # failed episodes of this process, by reason
 _SERVERS: dict[str, str] = {}  # app reference -> base URL of its in-process server
 _SCHEMAS: dict[str, dict[str, Any]] = {}  # base URL -> its action schema
 _LOCK = threading.Lock()
+RETRY_S = (0.05, 2.0)  # the first and the longest pause before a refused session tries again
 
 
 class OpenEnvFailure(Exception):
@@ -63,6 +74,52 @@ class OpenEnvFailure(Exception):
         FAILURES[reason] += 1
         if FAILURES[reason] == 1:  # once per kind: rollout/failed counts every one
             print(f"saorl: an OpenEnv episode failed ({reason}): {message}", file=sys.stderr)
+
+
+class Sessions:
+    """This process's sessions on one server, and how many the server holds (once it said)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.capacity = 0  # 0: not known yet
+        self.lock = threading.Lock()
+
+    def room(self) -> int | None:
+        """Sessions free for new episodes of this process; None while the capacity is unknown."""
+        with self.lock:
+            return max(0, self.capacity - self.open) if self.capacity else None
+
+    def add(self, n: int) -> None:
+        with self.lock:
+            self.open += n
+
+    def refused(self, reply: Any, where: str) -> bool:
+        """Learn the capacity from a `CAPACITY_REACHED` reply (its `max_sessions`, else the
+        sessions this process holds); whether this process's own sessions fill the server."""
+        found = re.search(r"(\d+)/(\d+) sessions", reply.error)
+        most = reply.max_sessions or (int(found.group(2)) if found else 0)
+        with self.lock:
+            first = not self.capacity
+            self.capacity = most or max(1, self.open)
+            full, capacity = self.open >= self.capacity, self.capacity
+        if first:
+            print(
+                f"saorl: the OpenEnv server {where} holds {capacity} session(s) at once "
+                f"({reply.error.strip()}); episodes wait for a free one, so the run is slow: "
+                "raise max_concurrent_envs in its create_app (the environment class with "
+                "SUPPORTS_CONCURRENT_SESSIONS = True) to run more at once",
+                file=sys.stderr,
+                flush=True,
+            )
+        return full
+
+
+_SESSIONS: dict[str, Sessions] = {}  # env.openenv_app or env.openenv_url -> its sessions
+
+
+def sessions(key: str) -> Sessions:
+    with _LOCK:
+        return _SESSIONS.setdefault(key, Sessions())
 
 
 @dataclass(frozen=True)
@@ -159,9 +216,13 @@ class OpenEnvEnv:
         system_prompt: str = "",
         with_instructions: bool = True,
         tool: str = "",
+        key: str = "",
     ) -> None:
-        """`base_url`: the server's URL, or a callable returning it (starts an app lazily)."""
+        """`base_url`: the server's URL, or a callable returning it (starts an app lazily);
+        `key` names the server among this process's (`Sessions`): its URL if empty."""
         self._base_url = base_url
+        self.sessions = sessions(key or str(base_url))
+        self._held = False  # this episode counts in `sessions.open`
         self.fmt, self.reset_args, self.timeout_s = fmt, dict(reset_args or {}), timeout_s
         self.system_prompt, self.with_instructions = system_prompt, with_instructions
         self.tool_override = tool
@@ -177,11 +238,7 @@ class OpenEnvEnv:
         schema = await asyncio.to_thread(fetch_schema, base, self.timeout_s)
         self.tools = [action_tool(schema, self.tool_override)]
         self.name = self.tools[0]["function"]["name"]
-        await self._connect(ws_url(base))
-        reply = await self._send({"type": "reset", "data": {**self.reset_args, "seed": task.seed}})
-        if reply.error:
-            await self.aclose()
-            raise OpenEnvFailure(_reason(reply.code, "reset_error"), reply.error)
+        reply = await self._open(base, {**self.reset_args, "seed": task.seed})
         text = observation_text(reply.observation)
         if self.with_instructions:
             text = instructions(self.fmt, self.name) + text
@@ -189,6 +246,33 @@ class OpenEnvEnv:
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def room(self) -> int | None:
+        """Sessions free on this episode's server for new episodes of this process (None:
+        unknown, no limit); the rollout worker starts no more than that."""
+        return self.sessions.room()
+
+    async def _open(self, base: str, reset: dict[str, Any]) -> Any:
+        """Connect and reset; a session refused for capacity waits and tries again (above)."""
+        deadline, pause = time.monotonic() + self.timeout_s, RETRY_S[0]
+        while True:
+            await self._connect(ws_url(base))
+            self._held = True
+            self.sessions.add(1)
+            reply = await self._send({"type": "reset", "data": reset})
+            if not reply.error:
+                return reply
+            await self.aclose()
+            if reply.code != "CAPACITY_REACHED":
+                raise OpenEnvFailure(_reason(reply.code, "reset_error"), reply.error)
+            if self.sessions.refused(reply, base):
+                raise EnvBusy(reply.error)  # this process's episodes hold every session
+            if time.monotonic() + pause > deadline:
+                raise OpenEnvFailure(
+                    "capacity_reached", f"{reply.error} (for {self.timeout_s:g} s)"
+                )
+            await asyncio.sleep(pause * (0.5 + random.random()))
+            pause = min(2 * pause, RETRY_S[1])
 
     async def step(self, action_text: str) -> StepResult:
         call = parse_tool_call(action_text, self.fmt)
@@ -242,6 +326,7 @@ class OpenEnvEnv:
             raise OpenEnvFailure("timeout", f"no reply in {self.timeout_s:g} s") from None
         except Exception as e:  # the connection dropped (server gone, session reaped)
             self._ws = None
+            self._release()
             raise OpenEnvFailure("disconnected", f"{type(e).__name__}: {e}") from None
         try:
             return read_reply(json.loads(raw))
@@ -263,12 +348,18 @@ class OpenEnvEnv:
         this side first races the server's own close, which it logs as an error)."""
         ws, self._ws = self._ws, None
         if ws is None:
-            return
+            return self._release()
         with contextlib.suppress(Exception):  # already gone: nothing to end
             await ws.send(json.dumps({"type": "close"}))
             await asyncio.wait_for(ws.wait_closed(), 5.0)
         with contextlib.suppress(Exception):
             await ws.close()
+        self._release()  # once the server has let the session go
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            self.sessions.add(-1)
 
 
 def _reason(code: str, default: str) -> str:
@@ -295,6 +386,7 @@ def build_openenv_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             system_prompt=cfg.system_prompt,
             with_instructions=cfg.instructions,
             tool=cfg.openenv_tool,
+            key=cfg.openenv_app or cfg.openenv_url,
         ),
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_turns,  # every turn is an action: env.max_turns bounds them

@@ -103,6 +103,7 @@ class Reply:
     done: bool = False
     error: str = ""  # the text for the model; empty: an observation
     code: str = ""  # the server's error code (VALIDATION_ERROR, EXECUTION_ERROR, ...)
+    max_sessions: int = 0  # CAPACITY_REACHED: the sessions the server holds at once (0: unsaid)
 
 
 def _validation_text(errors: Any) -> str:
@@ -125,7 +126,9 @@ def read_reply(message: Any) -> Reply:
         code = str(data.get("code", ""))
         detail = _validation_text(data.get("errors"))
         text = str(data.get("message", "")) if not detail else f"invalid action: {detail}"
-        return Reply(error=text or code or "unknown error", code=code)
+        most = data.get("max_sessions")
+        most = most if isinstance(most, int) and not isinstance(most, bool) and most > 0 else 0
+        return Reply(error=text or code or "unknown error", code=code, max_sessions=most)
     observation, reward = data.get("observation"), data.get("reward")
     if message.get("type") != "observation" or not isinstance(observation, dict):
         return Reply(error=f"the server sent {str(message)[:200]!r}", code="BAD_REPLY")

@@ -69,6 +69,7 @@ def run_episodes(
         greedy=greedy,
         env_timeout_s=spec.step_timeout_s,
         score_truncated=roll.score_truncated,
+        max_agent_processes=roll.max_agent_processes,
     )
     out: queue.Queue[Trajectory] = queue.Queue()
     worker = RolloutWorker(engine, FixedFeed(problems), tokenizer, out, spec.make_env, limits)

@@ -68,6 +68,13 @@ class AgentRuns:
         self._open_lock = threading.Lock()
         self._first_queued: float | None = None  # the oldest call not yet admitted, if any
         self._last_event = 0.0  # the last call, answer, episode start or episode end
+        # Command agents: at most this many episodes at once (0: no cap), as many as programs
+        # may run (`rollout.max_agent_processes`, saorl.envs.agent_procs).
+        self.procs = getattr(env, "processes", None)
+        self.cap = 0
+        if self.procs is not None:
+            self.procs.set_max_processes(limits.max_agent_processes)
+            self.cap = self.procs.max_processes()
 
     # -- calls ---------------------------------------------------------------------------------
     def _submit(
@@ -139,6 +146,13 @@ class AgentRuns:
     def busy(self) -> bool:
         return bool(self.pending)
 
+    def describe(self) -> str:
+        """The oldest episode's age and what the programs' processes are doing."""
+        limit, now = self.worker.limits.env_timeout_s, time.monotonic()
+        ages = [now - (deadline - limit) for _, _, deadline in self.pending]
+        text = f", the oldest for {max(ages):.0f} s" if ages else ""
+        return text + (f"; {self.procs.status(self.worker._bg_loop)}" if self.procs else "")
+
     def drain(self) -> None:
         still = []
         for session, future, deadline in self.pending:
@@ -188,6 +202,9 @@ class AgentRuns:
     def close(self) -> None:
         for _, future, _ in self.pending:
             future.cancel()
+        # Now, not when the cancelled episodes next run on their loop (which may be stopping).
+        if self.procs is not None:
+            self.procs.kill_groups(self.worker._bg_loop)
         aclose = getattr(self.env, "aclose", None)
         if aclose is not None:  # what the program keeps per worker (verifiers' runner process)
             with contextlib.suppress(Exception):

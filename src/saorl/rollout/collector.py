@@ -16,6 +16,10 @@ from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
+# A batch that takes this long to form (or 3x the slowest one before it): say what its
+# episodes are doing, again at doubling intervals; programs that hang look like a stuck run.
+QUIET_S = 60.0
+
 
 def episodes(trajs: list[Trajectory]) -> float:
     """How many episodes `trajs` are: an agent episode whose history was rewritten is several
@@ -57,6 +61,7 @@ class BatchCollector:
         self.recent_failed: list[Trajectory] = []  # the current batch's failures (a few)
         self._unreleased = 0.0  # dropped episodes' shares not yet released (`_drop`)
         self._uncharged = 0.0  # batched segments' extra shares not yet charged (`_charge`)
+        self.slowest = 0.0  # seconds the slowest batch so far took to form
 
     def _next(self) -> Trajectory | None:
         for w in self.workers:
@@ -93,6 +98,17 @@ class BatchCollector:
         self.workers[i] = self.respawn(i)
         if not self.sync:
             self.workers[i].start()
+
+    def _say_waiting(self, waited_s: float, have: int, n: int) -> None:
+        doing = [w.describe() for w in self.workers if isinstance(w, RolloutWorker)]
+        last = self.recent_failed[-1].info.get("error") if self.recent_failed else None
+        print(
+            f"saorl: no batch for {waited_s:.0f} s ({have} of {n} trajectories)"
+            + "".join(f"; {d}" for d in doing)
+            + (f"; last failure: {last}" if last else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
     def _check_prompt_length(self, traj: Trajectory, n: int) -> None:
         """Count prompts longer than the context (trained as empty rollouts: no gradient); a long
@@ -134,10 +150,14 @@ class BatchCollector:
         dropped, waited, group_waits = 0, 0.0, []
         judged = errored = 0
         self.recent_failed = []
+        start, quiet = time.perf_counter(), max(QUIET_S, 3 * self.slowest)
         while len(batch) < n:
             t0 = time.perf_counter()
             traj = self._next()
             waited += time.perf_counter() - t0
+            if t0 - start > quiet:
+                self._say_waiting(t0 - start, len(batch), n)
+                quiet *= 2
             if traj is None:
                 continue
             self._check_prompt_length(traj, n)
@@ -171,4 +191,5 @@ class BatchCollector:
         if self.batches == 0:
             self.failures.check_first_batch(errored, judged, n, formed=True)
         self.batches += 1
+        self.slowest = max(self.slowest, time.perf_counter() - start)
         return batch, dropped, waited, group_waits

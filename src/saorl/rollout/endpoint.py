@@ -113,9 +113,7 @@ class TrainingEndpoint:
     def local_client(self) -> Any:
         """The `httpx.AsyncClient` of in-process agents (`LocalTransport`), one per endpoint."""
         if self._local is None:
-            import httpx
-
-            self._local = httpx.AsyncClient(transport=LocalTransport(self), trust_env=False)
+            self._local = _httpx().AsyncClient(transport=LocalTransport(self), trust_env=False)
         return self._local
 
     def base_url(self, session: AgentSession) -> str:
@@ -336,6 +334,20 @@ def _internal(e: Exception) -> dict[str, Any]:
     return ApiError(500, f"{type(e).__name__}: {e}", kind="server_error").body()
 
 
+def _httpx() -> Any:
+    """The HTTP library of the installed openai SDK, whose client the in-process agents get:
+    httpx2 from openai 3 on (the `agents` extra), httpx before (the verifiers venv's openai<3).
+    """
+    try:
+        import httpx2
+
+        return httpx2
+    except ImportError:
+        import httpx
+
+        return httpx
+
+
 class LocalTransport:
     """An httpx transport (duck-typed: httpx is imported only when one is built) that serves
     requests in-process through `endpoint.serve_async`, on the client's own event loop (see
@@ -343,9 +355,7 @@ class LocalTransport:
     not used."""
 
     def __init__(self, endpoint: TrainingEndpoint) -> None:
-        import httpx
-
-        self.endpoint, self._httpx = endpoint, httpx
+        self.endpoint, self._httpx = endpoint, _httpx()
 
     async def handle_async_request(self, request: Any) -> Any:
         raw = await request.aread()

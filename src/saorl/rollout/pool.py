@@ -63,6 +63,7 @@ def agent_limits(cfg: Config, spec: EnvSpec) -> AgentLimits:
         (*spec.stop, *rc.stop),
         env_timeout_s=spec.step_timeout_s,
         score_truncated=rc.score_truncated,
+        max_agent_processes=rc.max_agent_processes,
     )
     if rc.forced_length == "lognormal":  # benchmarks: long-tailed lengths, same in every mode
         limits.forced_length = lognormal_lengths(
