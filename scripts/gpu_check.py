@@ -20,6 +20,9 @@ project's char tokenizer:
 3. training: `saorl train` for `--sao-steps` SAO steps of the tool task (env tool_arithmetic,
    vLLM engine, bf16 autocast in one process): wall time, seconds per step, rollout tokens/s,
    the learner's idle fraction (from the run's summary.json and metrics.jsonl).
+4. real model: `--real-steps` SAO steps of SmolLM2-135M-Instruct (examples/real_model.toml,
+   vLLM, bf16, 64 rollouts a step, K = 2): steps/s, held-out avg@4 before and after, MFU
+   (scripts/gpu_check_real.py; the model from saorl's cache, `saorl model fetch smollm2-135m`).
 
 Each part runs in a fresh process (vLLM and a torch.distributed group do not share one) and
 writes its JSON; the parent merges them into `--out`. A part that fails is recorded with its
@@ -81,7 +84,7 @@ PEAK_BF16 = (
     ("A10G", 70e12),
     ("A10", 125e12),
 )
-PARTS = ("generation", "learner", "training")
+PARTS = ("generation", "learner", "training", "real_model")
 
 
 def main() -> int:
@@ -93,6 +96,7 @@ def main() -> int:
     p.add_argument("--rows", type=int, help="learner rows (16; smoke 4)")
     p.add_argument("--seq", type=int, help="learner tokens per row (1024; smoke 32)")
     p.add_argument("--sao-steps", type=int, help="training steps (20; smoke 2)")
+    p.add_argument("--real-steps", type=int, help="SmolLM2-135M SAO steps (200; smoke 0 = skipped)")
     p.add_argument("--peak-tflops", type=float, help="the GPU's dense bf16 peak, TFLOP/s")
     p.add_argument("--compile", action="store_true", help="vLLM with CUDA graphs (slower start)")
     p.add_argument("--part", choices=PARTS, help=argparse.SUPPRESS)  # a child process
@@ -106,6 +110,7 @@ def main() -> int:
         "rows": (16, 4),
         "seq": (1024, 32),
         "sao_steps": (20, 2),
+        "real_steps": (200, 0),
     }
     for key, (gpu, cpu) in defaults.items():
         if getattr(args, key) is None:
@@ -115,6 +120,7 @@ def main() -> int:
             "generation": part_generation,
             "learner": part_learner,
             "training": part_training,
+            "real_model": real_model_part,
         }[args.part](args)
         args.part_out.write_text(json.dumps(result, indent=2))
         return 0
@@ -196,6 +202,8 @@ def run_part(part: str, args: argparse.Namespace, model_dir: Path, tmp: Path) ->
         str(args.seq),
         "--sao-steps",
         str(args.sao_steps),
+        "--real-steps",
+        str(args.real_steps),
     ]
     cmd += ["--cpu-smoke"] * args.cpu_smoke + ["--compile"] * args.compile
     if args.peak_tflops:
@@ -544,6 +552,14 @@ def part_training(args: argparse.Namespace) -> dict[str, Any]:
         "reward_mean_last": steps[-1]["rollout/reward_mean"],
         "checkpoint_hf": (run / "checkpoints" / f"step_{summary['steps']:08d}.hf").is_dir(),
     }
+
+
+# -- part 4: the real model (scripts/gpu_check_real.py) -----------------------------------------
+def real_model_part(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check_real import part_real_model
+
+    return part_real_model(args, step_flops, gpu_peak)
 
 
 if __name__ == "__main__":

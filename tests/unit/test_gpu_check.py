@@ -94,3 +94,26 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path):
     assert learner["mfu"] is None  # no GPU peak on CPU
     assert training["steps"] == 2 and training["policy_version"] == 1
     assert training["checkpoint_hf"]
+    assert report["parts"]["real_model"] == {
+        "skipped": "--real-steps 0 (the CPU smoke's default)",
+        "part_s": report["parts"]["real_model"]["part_s"],
+    }
+
+
+def test_the_real_model_part_runs_the_real_model_config_on_the_gpu(tmp_path: Path):
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_real import CONFIG, overrides
+
+    from saorl.config import load_config
+
+    cfg = load_config(CONFIG, overrides(200, tmp_path, smoke=False))
+    assert cfg.model.name_or_path == "smollm2-135m" and cfg.model.device == "cuda"
+    assert cfg.rollout.engine == "vllm" and cfg.learner.mixed_precision == "bf16"
+    assert (cfg.run.total_steps, cfg.learner.batch_size, cfg.critic.updates_per_step) == (
+        200,
+        64,
+        2,
+    )
+    assert cfg.rollout.temperature == 0.7 and cfg.env.rg_answer_format == "last_number"
