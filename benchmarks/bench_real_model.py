@@ -409,6 +409,18 @@ def child_main(job_path: Path) -> None:
 
 
 # -- the parent ---------------------------------------------------------------------------------
+def _die_with_parent() -> None:
+    """In the child before it runs: killed when the benchmark dies, however it dies (Linux)."""
+    if sys.platform == "linux":
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _stop(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)  # SIGTERM (`timeout`): `finally` blocks end the child
+
+
 def run_arm(
     name: str, seed: int, args: argparse.Namespace, model_path: Path, tmp: Path, evaluate: Evaluator
 ) -> dict[str, Any]:
@@ -436,9 +448,16 @@ def run_arm(
     job_path = out_dir / "job.json"
     job_path.write_text(json.dumps(job))
     load = os.getloadavg()[0]
-    proc = subprocess.Popen([sys.executable, __file__, "--child", str(job_path)])
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB on Linux)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--child", str(job_path)], preexec_fn=_die_with_parent
+    )
+    try:
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own peak RSS (KiB on Linux)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    finally:
+        if proc.returncode is None:  # the benchmark was stopped: so is its training run
+            proc.kill()
+            proc.wait()
     if proc.returncode != 0:
         raise SystemExit(f"{name} seed {seed}: the training process exited {proc.returncode}")
     r = json.loads(Path(job["result"]).read_text())
@@ -538,14 +557,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--quick",
         action="store_true",
-        help="smoke run: 2 steps per run, 8 held-out problems, 1 sample, a snapshot per step",
+        help="smoke run: 2 steps per run of 8 new tokens, 8 held-out problems, 1 sample "
+        "(where not given)",
     )
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/real_model.json")
     p.add_argument("--from-json", type=Path, nargs="+", help="redo the figures of reports")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = p.parse_args()
-    if args.quick:
-        args.steps, args.eval_every, args.eval_size, args.eval_samples = 2, 1, 8, 1
+    if args.quick:  # every code path, in minutes on a loaded 2-core machine
+        quick = {"steps": 2, "eval_every": 2, "eval_size": 8, "eval_samples": 1}
+        for name, value in quick.items():  # where the command line left the default
+            if getattr(args, name) == p.get_default(name):
+                setattr(args, name, value)
+        args.set = ["rollout.max_new_tokens=8", *args.set]
     default = [*DEFAULT_TRAINERS, *(["sao_lora"] if args.lora_rank else [])]
     args.trainers = args.trainers.split(",") if args.trainers else default
     unknown = set(args.trainers) - set(TRAINERS)
@@ -568,6 +592,7 @@ def main() -> None:
     if args.child:
         child_main(args.child)
         return
+    signal.signal(signal.SIGTERM, _stop)
     if args.from_json:
         reports = [json.loads(path.read_text()) for path in args.from_json]
         report = bench_trl.merge_reports(reports, args.from_json)
@@ -590,9 +615,8 @@ def main() -> None:
         evaluate = Evaluator(eval_cfg, args.greedy)
         repeats = [evaluate(None, seed_offset=i) for i in range(args.start_repeats)]
         initial = repeats[0]
-        task = ", ".join(
-            f"{n} {dict(eval_cfg.env.args.get(n, {}))}" for n in eval_cfg.env.rg_datasets
-        )
+        env = eval_cfg.env
+        task = ", ".join(env.rg_datasets) if env.name == "reasoning_gym" else env.name
         report: dict[str, Any] = {
             "benchmark": "real_model",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -600,7 +624,8 @@ def main() -> None:
                 load, trl=bench_trl._version("trl"), transformers=bench_trl._version("transformers")
             ),
             "model": args.model,
-            "task": task if eval_cfg.env.name == "reasoning_gym" else eval_cfg.env.name,
+            "task": task,
+            "task_args": {k: dict(v) for k, v in env.args.items()},
             "workload": {
                 k: (str(v) if isinstance(v, Path) else v)
                 for k, v in vars(args).items()

@@ -290,3 +290,22 @@ def test_trl_gets_the_prompt_ids_saorl_renders(tmp_path: Path) -> None:
         )["input_ids"][0]
         assert list(trl_ids) == saorl_ids
         assert tokenizer.decode(saorl_ids).endswith("<|im_start|>assistant\n")
+
+
+def _parse(monkeypatch: pytest.MonkeyPatch, *argv: str) -> argparse.Namespace:
+    monkeypatch.setattr(sys, "argv", ["bench_real_model.py", *argv])
+    return bench.parse_args()
+
+
+def test_command_line_trainers_and_the_smoke_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    args = _parse(monkeypatch)
+    assert args.trainers == ["sao", "grpo", "grpo_dis", "trl_grpo"]
+    assert (args.budget_s, args.eval_size, args.eval_samples) == (2700.0, 100, 4)
+    assert _parse(monkeypatch, "--lora-rank", "8").trainers[-1] == "sao_lora"
+    quick = _parse(monkeypatch, "--quick", "--steps", "6", "--set", "learner.lr=1e-6")
+    assert (quick.steps, quick.eval_every, quick.eval_size, quick.eval_samples) == (6, 2, 8, 1)
+    assert quick.set == ["rollout.max_new_tokens=8", "learner.lr=1e-6"]
+    with pytest.raises(SystemExit):
+        _parse(monkeypatch, "--trainers", "sao_lora")  # no --lora-rank
+    with pytest.raises(SystemExit):
+        _parse(monkeypatch, "--trainers", "sao,ppo")
