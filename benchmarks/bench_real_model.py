@@ -448,6 +448,7 @@ def run_arm(
     job_path = out_dir / "job.json"
     job_path.write_text(json.dumps(job))
     load = os.getloadavg()[0]
+    t_child = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, __file__, "--child", str(job_path)], preexec_fn=_die_with_parent
     )
@@ -463,6 +464,7 @@ def run_arm(
     r = json.loads(Path(job["result"]).read_text())
     run_model = r.pop("run_model")
     curve = []
+    t_eval = time.perf_counter()
     for snap in r.pop("snapshots"):
         ev = evaluate(snapshot_state(snap, run_model))
         curve.append({"step": snap["step"], "train_s": snap["train_s"], **ev})
@@ -470,6 +472,8 @@ def run_arm(
     return {
         **r,
         "curve": curve,
+        "child_s": t_eval - t_child,  # the training process, start to exit
+        "eval_s": time.perf_counter() - t_eval,  # its snapshots' evaluation, here
         "seed": seed,
         "peak_rss_mb": usage.ru_maxrss / 1024,
         "load_average_at_start": load,
@@ -613,7 +617,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_real_model-") as tmp:
         eval_cfg = make_config(args.config, saorl_overrides(args, model_path, Path(tmp), 0))
         evaluate = Evaluator(eval_cfg, args.greedy)
+        t_eval = time.perf_counter()
         repeats = [evaluate(None, seed_offset=i) for i in range(args.start_repeats)]
+        start_eval_s = (time.perf_counter() - t_eval) / len(repeats)
         initial = repeats[0]
         env = eval_cfg.env
         task = ", ".join(env.rg_datasets) if env.name == "reasoning_gym" else env.name
@@ -635,9 +641,10 @@ def main() -> None:
             "initial": initial,
             "start_repeats": [r["accuracy"] for r in repeats],
             "start_noise": noise([r["accuracy"] for r in repeats]),
+            "eval_s_per_evaluation": start_eval_s,
             "runs": {},
         }
-        print(f"start: {initial}", flush=True)
+        print(f"start: {initial} (an evaluation: {start_eval_s:.0f} s)", flush=True)
         for seed in seeds:
             for name in args.trainers:
                 r = run_arm(name, seed, args, model_path, Path(tmp), evaluate)
@@ -646,7 +653,8 @@ def main() -> None:
                     f"  seed {seed} {name}: {r['steps']} steps, {r['trajectories_per_s']:.2f} "
                     f"trajectories/s, accuracy {initial['accuracy']:.3f} -> "
                     f"{r['curve'][-1]['accuracy']:.3f} in {r['train_s']:.0f} s, peak RSS "
-                    f"{r['peak_rss_mb']:.0f} MB",
+                    f"{r['peak_rss_mb']:.0f} MB; the process {r['child_s']:.0f} s, "
+                    f"{len(r['curve'])} evaluations {r['eval_s']:.0f} s",
                     flush=True,
                 )
                 report["command_s"] = time.perf_counter() - t_start
