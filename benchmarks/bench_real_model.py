@@ -2,7 +2,7 @@
 
     pip install -e '.[bench,real-model,reasoning-gym,lora]'   # TRL 1.16.0 for trl_grpo
     saorl model fetch smollm2-135m                            # once (or on first use)
-    python benchmarks/bench_real_model.py --budget-s 2700 --eval-every 20 --seeds 0,1,2
+    python benchmarks/bench_real_model.py --budget-s 2700 --eval-every 30 --seeds 0,1,2
                                           [--lora-rank 16] [--trainers sao,trl_grpo]
     python benchmarks/bench_real_model.py --quick --trainers sao,trl_grpo    # smoke run
 
@@ -15,8 +15,8 @@ chain_sum, 2 terms of 1-2 digits, 40 new tokens at temperature 0.7, batches of 1
 with `--set KEY=VALUE` overrides for every arm.
 
 Trainers (`--trainers`; each (trainer, seed) runs in a child process of its own, one after
-another, so that its peak RSS is its own: `os.wait4`'s `ru_maxrss` of the child, evaluation
-not included):
+another, so that its peak RSS is its own: `os.wait4`'s `ru_maxrss` of the child, which holds
+the training only, not the snapshots' evaluation):
 
     sao       `saorl train` with the config (algorithm.name = sao)
     grpo      algorithm.name = grpo: groups of 8, PPO clip-higher over 4 mini-batches
@@ -37,6 +37,12 @@ equal on the real tokenizer). Same reward: `RGTasks.score` (the dataset's own sc
 answer `env.rg_answer_format` extracts) of the final text. Same sampling: temperature, top-p
 and max new tokens of `[rollout]`, for TRL too (`top_k` 0).
 
+Threads: the saorl arms run saorl's default of one torch thread per thread of work (the
+learner and the rollout thread); TRL, synchronous, gets `--trl-threads` torch threads (default
+2, the same two cores). On a loaded machine intra-op threads spin against other processes
+(bench_trl.py measured TRL 14x slower at load 7-9 with every core): measure on a quiet machine,
+or compare `--trl-threads 1`.
+
 Same evaluator: every `--eval-every` steps (batches) the policy is snapshotted (saorl: its
 checkpoint; TRL: its weights written to disk; both outside the timed seconds), and after the
 run the parent process evaluates every snapshot with one shared function on one model object:
@@ -54,20 +60,23 @@ stops after the first batch ending at or past it; a watcher thread in the saorl 
 run SIGTERM (saorl's graceful stop: the step in flight finishes and is checkpointed) once the
 next step is expected to end past it (`should_stop`), so both end within about a step of it.
 `--steps` caps the steps of every trainer (the smoke run's limit). Not counted: model loading,
-the saorl run's own evaluation of its start (`run.eval_samples` 1 in the child), evaluation.
+evaluation. The saorl run's own evaluations (its start, and its end at `run.total_steps`) are
+skipped in the child (`skip_run_evaluations`: they report the parent's figures of the start):
+minutes each on 2 cores, for figures nothing reads.
 
 Figures per trainer (medians over seeds): time to target (first snapshot at or above it) and
 sustained (first from which every later snapshot stays at or above it), the target being
 `--target` or the start's accuracy + `--target-gain` (default 0.10, issue 46's "+10 points");
 accuracy at the budget (last snapshot at or before it), final accuracy (the last snapshot,
 within a step of the budget), trajectories/s, seconds per step, peak RSS. Writes
-`benchmarks/results/real_model.json` (after every arm: the runs so far) and `real_model.png`;
-`--from-json A.json B.json` redoes the figures of saved reports and merges reports of the same
-start (seeds or trainers added later).
+`benchmarks/results/real_model.json` and `real_model.png` (`--out`), and after every run the
+runs so far to `real_model.partial.json` (removed at the end); `--from-json A.json B.json`
+redoes the figures of saved reports and merges reports of the same start (trainers added
+later: each trainer's runs come from the last report that has it).
 
-Disk: a saorl snapshot is a whole checkpoint (policy, critic, optimizer states: ~3.3 GB for
-sao on this model, ~1.6 GB for grpo), kept until the run's evaluation: budget the disk for
-budget / (eval-every x step seconds) of them.
+Disk: a saorl snapshot is a whole checkpoint (weights and AdamW states in float32: about 3 GB
+for sao on this model, policy and critic; 1.6 GB for grpo; computed, not measured), kept until
+the run's evaluation: budget the disk for budget / (eval-every x step seconds) of them.
 """
 
 from __future__ import annotations
@@ -256,15 +265,28 @@ def watch_budget(out_dir: Path, every: int, budget_s: float, done: threading.Eve
             return
 
 
+def skip_run_evaluations(initial: dict[str, Any]) -> None:
+    """The saorl run's own held-out evaluations (of its start; of its end when it reaches
+    `run.total_steps`) give the parent's figures of the start instead of running: the parent
+    evaluates every snapshot, and one evaluation of 100 problems takes minutes on 2 cores. Its
+    metrics are the run's own (metrics.jsonl), read by nothing here."""
+    from saorl.learner.learner import Learner
+
+    figures = {
+        "eval/accuracy": initial["accuracy"],
+        "eval/accuracy_greedy": initial.get("accuracy_greedy", initial["accuracy"]),
+    }
+    Learner.evaluate = lambda self, spec, tokenizer: dict(figures)  # type: ignore[method-assign]
+
+
 def child_saorl(job: dict[str, Any]) -> dict[str, Any]:
     from saorl.api import make_config, train
     from saorl.checkpoint.checkpoint import list_checkpoints
     from saorl.monitoring.metrics import read_metrics
 
     out_dir = Path(job["out_dir"])
-    # The run's own evaluation of its start is not used: one sample per problem keeps it short
-    # (env.eval_size stays: it decides which questions are held out of training).
-    cfg = make_config(job["config"], [*job["overrides"], "run.eval_samples=1"])
+    cfg = make_config(job["config"], job["overrides"])
+    skip_run_evaluations(job["initial"])
     done = threading.Event()
     watcher = threading.Thread(
         target=watch_budget,
@@ -422,7 +444,13 @@ def _stop(signum: int, _frame: Any) -> None:
 
 
 def run_arm(
-    name: str, seed: int, args: argparse.Namespace, model_path: Path, tmp: Path, evaluate: Evaluator
+    name: str,
+    seed: int,
+    args: argparse.Namespace,
+    model_path: Path,
+    tmp: Path,
+    evaluate: Evaluator,
+    initial: dict[str, Any],
 ) -> dict[str, Any]:
     """One trainer and seed in a child process; its snapshots evaluated here, then deleted."""
     from saorl.api import make_config
@@ -440,6 +468,7 @@ def run_arm(
             f"run.name={name}",
         ],
         "model": str(model_path),
+        "initial": initial,
         "budget_s": args.budget_s,
         "out_dir": str(out_dir),
         "result": str(out_dir / "result.json"),
@@ -647,7 +676,7 @@ def main() -> None:
         print(f"start: {initial} (an evaluation: {start_eval_s:.0f} s)", flush=True)
         for seed in seeds:
             for name in args.trainers:
-                r = run_arm(name, seed, args, model_path, Path(tmp), evaluate)
+                r = run_arm(name, seed, args, model_path, Path(tmp), evaluate, initial)
                 report["runs"].setdefault(name, []).append(r)
                 print(
                     f"  seed {seed} {name}: {r['steps']} steps, {r['trajectories_per_s']:.2f} "

@@ -309,3 +309,16 @@ def test_command_line_trainers_and_the_smoke_run(monkeypatch: pytest.MonkeyPatch
         _parse(monkeypatch, "--trainers", "sao_lora")  # no --lora-rank
     with pytest.raises(SystemExit):
         _parse(monkeypatch, "--trainers", "sao,ppo")
+
+
+def test_a_saorl_child_reports_the_start_instead_of_evaluating(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from saorl.learner.learner import Learner
+
+    monkeypatch.setattr(Learner, "evaluate", Learner.evaluate)  # restored after the test
+    bench.skip_run_evaluations({"accuracy": 0.15})
+    got = Learner.evaluate(object(), spec=None, tokenizer=None)
+    assert got == {"eval/accuracy": 0.15, "eval/accuracy_greedy": 0.15}
+    bench.skip_run_evaluations({"accuracy": 0.15, "accuracy_greedy": 0.2})
+    assert Learner.evaluate(object(), None, None)["eval/accuracy_greedy"] == 0.2
