@@ -379,10 +379,11 @@ def trl_settings(cfg: Any, args: argparse.Namespace, seed: int, out_dir: Path) -
     """GRPOConfig keyword arguments mirroring saorl's resolved `grpo` config `cfg`."""
     algo, lc, roll = cfg.algorithm, cfg.learner, cfg.rollout
     minibatches = args.trl_minibatches or algo.minibatches
-    if lc.batch_size % minibatches or (lc.batch_size // minibatches) % algo.group_size:
+    # TRL generates whole groups per batch and splits the batch into equal optimizer steps.
+    if lc.batch_size % minibatches or lc.batch_size % algo.group_size:
         raise SystemExit(
-            f"grpo: batch {lc.batch_size} / {minibatches} mini-batches must be a multiple "
-            f"of the group size {algo.group_size} for TRL"
+            f"grpo: batch {lc.batch_size} must be a multiple of the {minibatches} mini-batches "
+            f"and of the group size {algo.group_size} for TRL"
         )
     return {
         "output_dir": str(out_dir),
@@ -550,17 +551,20 @@ def plot(
     budget_s: float,
     path: Path,
     title: str,
+    panels: Sequence[tuple[str, str]] = (
+        ("accuracy", "held-out eval/accuracy (avg@k, sampled)"),
+        ("accuracy_greedy", "held-out accuracy, greedy"),
+    ),
 ) -> None:
+    """Held-out accuracy against training seconds, one panel per (key, title) of `panels`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    for ax, key, label in (
-        (axes[0], "accuracy", "held-out eval/accuracy (avg@k, sampled)"),
-        (axes[1], "accuracy_greedy", "held-out accuracy, greedy"),
-    ):
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    axes = axes[0]
+    for ax, (key, label) in zip(axes, panels, strict=True):
         for i, (name, seeds) in enumerate(runs.items()):
             for j, r in enumerate(seeds):
                 pts = [{"train_s": 0.0, **initial}, *r["curve"]]
