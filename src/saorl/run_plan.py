@@ -56,7 +56,9 @@ def warn_tiny_model(cfg: Config) -> str | None:
     """The warning for the built-in 0.5M-parameter model on a task it was not made for (a
     dataset, an agent program, an environment server): it knows only what its warm-up taught
     it, so its reward there is usually 0 from the first step to the last."""
-    if cfg.model.name_or_path != "builtin:tiny" or cfg.env.name in TINY_TASKS:
+    # An agent program's tasks are those of env.agent_tasks (the built-in ones included).
+    task = cfg.env.agent_tasks if cfg.env.name == "agent" else cfg.env.name
+    if cfg.model.name_or_path != "builtin:tiny" or task in TINY_TASKS:
         return None
     text = (
         f"model.name_or_path = 'builtin:tiny' is a 0.5M-parameter random-init model with a "
