@@ -33,6 +33,8 @@ def _args(tmp_path, name: str) -> tuple[list[str], bytes]:
         "env.name=agent",
         f"env.agent_command={sys.executable} {tmp_path / 'agent.py'} {marker}",
         "env.agent_tasks=arithmetic",
+        # Command agents get only the variables listed (docs/security.md): the test's sleep too.
+        "env.agent_env_passthrough=['SAORL_TEST_SLEEP']",
         f"run.output_dir={tmp_path}",
         f"run.name={name}",
         *TINY,
