@@ -15,7 +15,9 @@ length), so it computes more tokens than it delivers; throughput counts delivere
 (the sum of the requested lengths), for every engine. Figures are ratios to `generate`.
 
 `--model qwen3-0.6b` builds a Qwen3-0.6B-shaped random-init config (28 layers, 1024 wide,
-vocabulary 151936) for a GPU run; the default is the built-in tiny model (2 layers, 128 wide).
+vocabulary 151936) for a GPU run; `--model smollm2-135m` is the real SmolLM2-135M-Instruct from
+saorl's model cache (`saorl model fetch smollm2-135m`) with its own tokenizer; the default is
+the built-in tiny model (2 layers, 128 wide).
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ def build_model(args: argparse.Namespace) -> tuple[Any, Any]:
     torch.manual_seed(0)
     dtype = "bfloat16" if args.device.startswith("cuda") else "float32"
     overrides = [f"model.max_seq_len={args.cap + 32}", f"model.dtype={dtype}"]
+    if args.model == "smollm2-135m":  # the real model and its tokenizer
+        overrides.append("model.name_or_path=smollm2-135m")
     model, tok = load_policy(load_config(None, overrides).model)
     if args.model == "qwen3-0.6b":
         from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -149,7 +153,7 @@ def main() -> None:
     p.add_argument("--sigma", type=float, default=1.0, help="sigma of log(length), longtail")
     p.add_argument("--cap", type=int, default=384, help="max length, longtail workload")
     p.add_argument("--concurrent", type=int, default=64, help="rows decoded together")
-    p.add_argument("--model", choices=["tiny", "qwen3-0.6b"], default="tiny")
+    p.add_argument("--model", choices=["tiny", "qwen3-0.6b", "smollm2-135m"], default="tiny")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
     p.add_argument("--skip-reencode", action="store_true", help="leave out the slow reference")
