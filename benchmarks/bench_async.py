@@ -60,7 +60,7 @@ Figures are over the steady-state steps (after `--skip` steps that fill the pipe
 - `--pushed-capacity` (genbound): the engine alone with rows refilled as they finish (5 s after
   3 s of warm-up: the steady mix, long rows included), without and with a weight push every
   `t_train` x `push_every` seconds (the pace of a learner-bound async loop; each push drops the
-  KV cache and re-prefills the running rows, grouped by length: `saorl.rollout.prefill_plan`),
+  KV cache and re-prefills the running rows, grouped by length: `saorl.engines.prefill_plan`),
   and each arm's rollout tokens/s in the loop
   (generated, trained or not) as a share of the first: where the rollout side loses;
 - `--contention` (genbound): the async arm's learner step timed on the same batches alone,
@@ -96,14 +96,14 @@ import torch
 from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
+from saorl.engines.factory import build_engine
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.envs.factory import build_env
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.monitoring.metrics import read_metrics
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.factory import build_engine
-from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.lengths import lognormal_lengths
 from saorl.rollout.pool import WorkerPool, agent_limits
 from saorl.rollout.worker import PromptFeed, RolloutWorker

@@ -50,10 +50,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, write_report  # noqa: E402
 from saorl.config import EnvConfig, load_config  # noqa: E402
+from saorl.engines.hf import HFEngine  # noqa: E402
 from saorl.envs.agent import AgentProgram  # noqa: E402
 from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask  # noqa: E402
 from saorl.models.loading import load_policy  # noqa: E402
-from saorl.rollout.hf_engine import HFEngine  # noqa: E402
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker  # noqa: E402
 
 

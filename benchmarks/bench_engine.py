@@ -33,10 +33,10 @@ import torch
 from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.models.loading import load_policy
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from saorl.rollout.lengths import lognormal_lengths
 
 

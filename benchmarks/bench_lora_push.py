@@ -34,10 +34,10 @@ import torch
 from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
+from saorl.engines.protocol import GenerationRequest
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import add_lora, merged_copy, merged_state, push_state, state_bytes
-from saorl.rollout.engine import GenerationRequest
 
 
 def qwen3_06b(layers: int, tok: Any, device: str = "cpu") -> torch.nn.Module:
@@ -86,10 +86,10 @@ def move_adapters(policy: torch.nn.Module) -> None:
 
 def build_engine(args: argparse.Namespace, policy: torch.nn.Module, tok: Any, how: str) -> Any:
     if args.engine == "hf":
-        from saorl.rollout.hf_engine import HFEngine
+        from saorl.engines.hf import HFEngine
 
         return HFEngine(policy, tok, max_seq_len=64, seed=0)
-    from saorl.rollout.vllm_engine import VLLMEngine
+    from saorl.engines.vllm import VLLMEngine
 
     return VLLMEngine.from_policy(
         policy,

@@ -46,7 +46,7 @@ or compare `--trl-threads 1`.
 Same evaluator: every `--eval-every` steps (batches) the policy is snapshotted (saorl: its
 checkpoint; TRL: its weights written to disk; both outside the timed seconds), and after the
 run the parent process evaluates every snapshot with one shared function on one model object:
-`saorl.evaluation.evaluation` on `env.eval_size` held-out problems (`--eval-size`, never
+`saorl.evaluation.held_out` on `env.eval_size` held-out problems (`--eval-size`, never
 trained on), avg@k of `--eval-samples` samples at the rollout temperature, the seed that
 `saorl train` evaluates with, so equal weights give equal figures; `--greedy` adds greedy
 accuracy (one more episode per problem). LoRA snapshots are merged first. The start is
@@ -207,8 +207,8 @@ class Evaluator(bench_trl.Evaluator):
     def __call__(self, state: dict[str, Any] | None, seed_offset: int = 0) -> dict[str, Any]:
         import torch
 
-        from saorl.evaluation.evaluation import run_episodes
-        from saorl.evaluation.evaluation import summarize as summarize_episodes
+        from saorl.evaluation.held_out import run_episodes
+        from saorl.evaluation.held_out import summarize as summarize_episodes
 
         seed = self.cfg.run.seed + EVAL_SEED_OFFSET + seed_offset
         if self.greedy and not seed_offset:
@@ -225,7 +225,7 @@ class Evaluator(bench_trl.Evaluator):
 def snapshot_state(snapshot: dict[str, Any], run_model: dict[str, Any]) -> dict[str, Any]:
     """A snapshot's plain policy weights: a TRL state dict, or a saorl checkpoint's policy
     (a LoRA run's adapters merged with its `[model]`, `run_model`)."""
-    from saorl.checkpoint.checkpoint import load_state_file
+    from saorl.checkpoint.io import load_state_file
     from saorl.config import ModelConfig
     from saorl.models.lora import merged_checkpoint_policy
 
@@ -281,7 +281,7 @@ def skip_run_evaluations(initial: dict[str, Any]) -> None:
 
 def child_saorl(job: dict[str, Any]) -> dict[str, Any]:
     from saorl.api import make_config, train
-    from saorl.checkpoint.checkpoint import list_checkpoints
+    from saorl.checkpoint.io import list_checkpoints
     from saorl.monitoring.metrics import read_metrics
 
     out_dir = Path(job["out_dir"])

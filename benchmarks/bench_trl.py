@@ -53,7 +53,7 @@ other processes); on a quiet machine compare `--trl-threads 2`.
 Held-out accuracy: no trainer evaluates while it trains. Every `--eval-every` steps the policy
 is snapshotted (saorl: its checkpoint, `run.checkpoint_every`; TRL: a `TrainerCallback` copies
 the weights into memory), and after the run every snapshot is evaluated with
-`saorl.evaluation.evaluation.evaluate_policy` (what `saorl train` logs as `eval/accuracy`: avg@k
+`saorl.evaluation.held_out.evaluate_policy` (what `saorl train` logs as `eval/accuracy`: avg@k
 over `run.eval_samples` samples at the rollout temperature on the env's held-out problems, and
 greedy accuracy), with the same seed for all, so equal weights give equal figures. (Evaluating
 inside a saorl run would let its rollout thread keep generating while the learner evaluates,
@@ -224,7 +224,7 @@ def export_warm_model(overrides: list[str], out: Path) -> dict[str, Any]:
 
 
 class Evaluator:
-    """`saorl.evaluation.evaluation.evaluate_policy` of policy weights, on one model object."""
+    """`saorl.evaluation.held_out.evaluate_policy` of policy weights, on one model object."""
 
     def __init__(self, cfg: Any) -> None:
         from saorl.envs.factory import build_env
@@ -237,7 +237,7 @@ class Evaluator:
     def __call__(self, state: dict[str, Any] | None) -> dict[str, float]:
         import torch
 
-        from saorl.evaluation.evaluation import evaluate_policy
+        from saorl.evaluation.held_out import evaluate_policy
 
         if state is not None:
             self.model.load_state_dict(state)
@@ -285,7 +285,7 @@ def run_saorl(name: str, base: list[str], evaluate: Evaluator) -> dict[str, Any]
     import shutil
 
     from saorl.api import make_config, train
-    from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
+    from saorl.checkpoint.io import list_checkpoints, load_state_file
     from saorl.monitoring.metrics import read_metrics
 
     cfg = make_config(None, [*base, f"run.name={name}"])

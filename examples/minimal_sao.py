@@ -43,6 +43,8 @@ import torch
 from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask, Problem
 from saorl.learner.sft import encode_demos, sft_step
 from saorl.losses import dis_policy_loss, value_loss
@@ -50,8 +52,6 @@ from saorl.models.critic import Critic, freeze_attention
 from saorl.models.loading import adamw
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from saorl.types import Batch, Trajectory
 
 MAX_NEW_TOKENS = 6  # a 2-digit sum has at most 3 digits + EOS; a little slack to go wrong

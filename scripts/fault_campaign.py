@@ -9,9 +9,9 @@ and check the invariants the reliability tests check once (tests/faults/test_kil
 
 Each kill is either an armed point of the checkpoint writer (`SAORL_FAULT`, see saorl.faults)
 at a random step, or a signal after a random delay: SIGKILL, or SIGTERM, which must end the
-run with exit 143 and a checkpoint of the last step it logged (`saorl.signals`). Some of the
+run with exit 143 and a checkpoint of the last step it logged (`saorl.run.signals`). Some of the
 SIGKILL tries first start a second writer on the live run (`--resume`), which must be refused
-with exit 2 (`saorl.run_lock`). Prints a table and writes JSON:
+with exit 2 (`saorl.run.lock`). Prints a table and writes JSON:
 
     python scripts/fault_campaign.py --kills 40 --out benchmarks/results/fault_campaign.json
 """
@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from saorl.checkpoint.checkpoint import checkpoint_dir, list_checkpoints, load_latest_checkpoint
+from saorl.checkpoint.io import checkpoint_dir, list_checkpoints, load_latest_checkpoint
 from saorl.faults import POINTS
 from tests.faults._common import TINY_SYNC, assert_same_metrics, metric_rows, saorl_cmd
 

@@ -277,10 +277,10 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from saorl.config import load_config
+    from saorl.engines.factory import build_engine
+    from saorl.engines.protocol import GenerationRequest
     from saorl.models.loading import load_policy
     from saorl.models.logprobs import sequence_logprobs
-    from saorl.rollout.engine import GenerationRequest
-    from saorl.rollout.factory import build_engine
 
     smoke = args.cpu_smoke
     prompt_len = 32 if not smoke else 4

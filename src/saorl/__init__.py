@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from saorl import _moved
-
 __version__ = "0.1.0"
 
 # name -> the module defining it, imported when the name is first used
@@ -28,7 +26,6 @@ _LAZY = {
     "TaskList": "saorl.envs.base",
 }
 __all__ = ["__version__", *_LAZY]
-_moved.install()  # the module names of before the role folders (saorl/_moved.py)
 
 
 def __getattr__(name: str) -> Any:

@@ -3,7 +3,7 @@
 import os
 import sys
 
-from saorl.cli import main
+from saorl.cli.main import main
 
 if __name__ == "__main__":
     code = main()

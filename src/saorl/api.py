@@ -20,7 +20,7 @@ Ray pickling of such objects is not attempted: closures over notebook state rare
 
 `trust_remote_code`: as `--trust-remote-code`: run a model directory's own code, and the code
 a run folder's saved config names (without it, `resume=` or `evaluate(RUN)` whose config.toml
-names code you did not pass raises `ConfigError`; `saorl.trust`).
+names code you did not pass raises `ConfigError`; `saorl.security.trust`).
 
 Errors are raised, not turned into exit codes: `ConfigError` for a bad input.
 """
@@ -83,9 +83,9 @@ def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any
 def _trusted(
     cfg: Config, saved: Any, overrides: Overrides, env: Any, trust: bool, flag: str
 ) -> Config:
-    """`cfg`, checked by `saorl.trust.check_saved_code` when it came from a run's `saved`
+    """`cfg`, checked by `saorl.security.trust.check_saved_code` when it came from a run's `saved`
     config.toml, with `model.trust_remote_code` set when `trust`."""
-    from saorl.trust import check_saved_code, override_keys
+    from saorl.security.trust import check_saved_code, override_keys
 
     if trust:
         return cfg.model_copy(
@@ -148,13 +148,14 @@ def train_config(
     """The config `train` runs: with `resume`, that run directory must exist and its
     config.toml is the base config when `config` is None (`saorl train --resume` too; `flag`
     names the argument in errors). Code that saved config names is refused unless the caller
-    passed it or `trust_remote_code` (`saorl.trust`; `trust_flag` names the flag in errors)."""
+    passed it or `trust_remote_code` (`saorl.security.trust`; `trust_flag` names the flag in
+    errors)."""
     saved = None
     if resume is not None:
         run_dir = Path(resume)
         if not run_dir.is_dir():
             raise ConfigError(f"{flag}: run directory not found: {run_dir}")
-        from saorl.safe_io import check_dir
+        from saorl.security.safe_io import check_dir
 
         check_dir(run_dir)  # a link, or another user's folder, is never written
         if config is None and (run_dir / "config.toml").is_file():
@@ -172,9 +173,9 @@ def eval_config(
     trust_flag: str = TRUST_ARG,
 ) -> Config:
     """The config `evaluate` runs: `config`, else the config.toml of the run `model` belongs
-    to (`saorl.trust.run_config`; its code checked as in `train_config`), else the defaults;
-    then `overrides` (`saorl eval` too)."""
-    from saorl.trust import run_config
+    to (`saorl.security.trust.run_config`; its code checked as in `train_config`), else the
+    defaults; then `overrides` (`saorl eval` too)."""
+    from saorl.security.trust import run_config
 
     saved = None
     if config is None:
@@ -273,7 +274,7 @@ def run_evaluation(
     run, and with `write` save the per-problem JSONL and summary (`out`, else RUN/evals/WHICH/
     NAME.jsonl for a run's model, evals/MODEL/NAME.jsonl for another) and print the table.
     Returns the summary and the JSONL path. `saorl eval` and `evaluate` both end here."""
-    from saorl.evaluation.evaluation import check_paths, run_eval, write_results  # torch
+    from saorl.evaluation.held_out import check_paths, run_eval, write_results  # torch
 
     out_str = None if out is None else str(out)
     check_paths(str(model), out_str, served=base_url is not None)
@@ -290,7 +291,7 @@ def run_evaluation(
     )
     path = None
     if write:  # without --out, a run's model has its results in the run folder
-        from saorl.trust import run_config
+        from saorl.security.trust import run_config
 
         saved = None if base_url is not None else run_config(Path(model))
         run_dir = None if saved is None else Path(saved).parent

@@ -19,7 +19,6 @@ when `update_weights` pushes them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
     from saorl.monitoring.metrics import TrainProgress
     from saorl.rollout.worker import PromptFeed
-    from saorl.types import Batch, Trajectory
+    from saorl.types import Batch, Collected, PoolStats
 
 
 class Learner(Protocol):
@@ -74,29 +73,6 @@ class Learner(Protocol):
     def close(self) -> None:
         """Release processes, actors and process groups this learner holds."""
         ...
-
-
-@dataclass
-class Collected:
-    """One learner batch's worth of finished trajectories, and what forming it took."""
-
-    trajectories: list[Trajectory]
-    dropped: int = 0  # trajectories dropped as too stale while this batch formed
-    waited_s: float = 0.0  # seconds the caller waited for trajectories
-    group_waits: list[float] = field(default_factory=list)  # first to last member, per group
-    failed: list[Trajectory] = field(default_factory=list)  # a few env_error ones, for samples
-
-
-@dataclass
-class PoolStats:
-    """Running totals of a rollout pool since it started."""
-
-    failed: int  # rollouts ended by an environment error or an abort (not trained)
-    restarts: int  # crashed workers replaced
-    prompt_too_long: int  # prompts that filled the context before a token was generated
-    idle_s: float  # seconds an engine had nothing to generate, mean over workers
-    tokens_generated: int  # tokens sampled by every engine together
-    errors: dict[str, int] = field(default_factory=dict)  # env_error episodes by group
 
 
 class RolloutPool(Protocol):

@@ -33,8 +33,7 @@ from typing import Any
 
 import torch
 
-from saorl import interfaces
-from saorl.checkpoint.checkpoint import list_checkpoints, load_latest_checkpoint, save_step
+from saorl.checkpoint.io import list_checkpoints, load_latest_checkpoint, save_step
 from saorl.checkpoint.shards import open_sharded
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.base import EnvSpec
@@ -48,12 +47,12 @@ from saorl.monitoring.samples import SAMPLES_FILE, SampleLogger, pop_row_advanta
 from saorl.monitoring.tracking import check_trackers, open_trackers
 from saorl.rollout.prompt_check import check_prompts
 from saorl.rollout.worker import PromptFeed
-from saorl.run_lock import claim_run_dir
-from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run, warn_tiny_model
-from saorl.safe_io import write_atomic
-from saorl.signals import StopSignals
+from saorl.run.lock import claim_run_dir
+from saorl.run.plan import critic_only_steps, policy_updates, warn_short_run, warn_tiny_model
+from saorl.run.signals import StopSignals
+from saorl.security.safe_io import write_atomic
 from saorl.topology import Topology, build_topology
-from saorl.types import Batch
+from saorl.types import Batch, Collected, PoolStats
 
 
 def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
@@ -70,7 +69,7 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
         if placed is None:  # a torchrun rank > 0: it followed rank 0's learner calls to the end
             return {}
         try:
-            # SIGTERM / Ctrl-C from here on: finish the step, save, stop (`saorl.signals`)
+            # SIGTERM / Ctrl-C from here on: finish the step, save, stop (`saorl.run.signals`)
             with contextlib.ExitStack() as held:
                 stops = held.enter_context(StopSignals(cfg.run.stop_timeout_s))
                 return _train(cfg, placed, resume, stops, held)
@@ -86,9 +85,9 @@ def _train(
     learner, tokenizer = placed.learner, placed.tokenizer
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
     check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
-    warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run_plan)
+    warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run.plan)
     warn_tiny_model(cfg)  # the built-in model on a task it cannot know
-    # The run folder, locked against a second writer until the run ends (`saorl.run_lock`)
+    # The run folder, locked against a second writer until the run ends (`saorl.run.lock`)
     run_dir = held.enter_context(claim_run_dir(Path(cfg.run.output_dir), cfg.run.name, resume))
     cfg.env._run_dir = str(run_dir.resolve())  # agent programs' own files go in it (envs/agent.py)
     prompt_rng = random.Random(cfg.run.seed)
@@ -388,10 +387,10 @@ def _stop_reason(
 
 def _rollout_metrics(
     cfg: Config,
-    got: interfaces.Collected,
+    got: Collected,
     batch: Batch,
     stale: list[int],
-    stats: interfaces.PoolStats,
+    stats: PoolStats,
     totals: dict[str, Any],
     t0: float,
     t_step: float,
@@ -436,6 +435,6 @@ def _rollout_metrics(
 
 
 def _write_report(run_dir: Path) -> None:
-    from saorl.experiments.report import report_run
+    from saorl.monitoring.report import report_run
 
     report_run(run_dir)

@@ -80,7 +80,7 @@ def parse_tool_call(
     match = matches[-1]
     if not match.group(2):
         return ToolCallError("unterminated <tool_call>: close it with </tool_call>")
-    return _call_from_payload(_loads(match.group(1)), "arguments")
+    return call_from_payload(loads_lenient(match.group(1)), "arguments")
 
 
 def _parse_llama3(text: str) -> ToolCall | ToolCallError | None:
@@ -95,7 +95,7 @@ def _parse_llama3(text: str) -> ToolCall | ToolCallError | None:
             payload, end = decoder.raw_decode(body, pos)
         except (json.JSONDecodeError, RecursionError, ValueError):
             # The same message the strict parser gives, for the part that failed.
-            return _as_error(_loads(body[pos:]))
+            return _as_error(loads_lenient(body[pos:]))
         pos = end
         while pos < len(body) and body[pos] in " \t\r\n;":
             pos += 1
@@ -105,21 +105,23 @@ def _parse_llama3(text: str) -> ToolCall | ToolCallError | None:
                 'object {"name": ..., "parameters": {...}}'
             )
     key = "parameters" if isinstance(payload, dict) and "parameters" in payload else "arguments"
-    return _call_from_payload(payload, key)
+    return call_from_payload(payload, key)
 
 
 def _as_error(value: Any) -> ToolCallError:
     return value if isinstance(value, ToolCallError) else ToolCallError("tool call is not JSON")
 
 
-def _call_from_payload(payload: Any, key: str) -> ToolCall | ToolCallError:
+def call_from_payload(payload: Any, key: str) -> ToolCall | ToolCallError:
+    """A tool call from decoded JSON `{"name": ..., key: {...}}` (the arguments under `key`,
+    possibly double-encoded), or the error that says what is wrong with it."""
     if isinstance(payload, ToolCallError):
         return payload
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return ToolCallError(f'tool call must be {{"name": <string>, "{key}": {{...}}}}')
     args = payload.get(key, {})
     if isinstance(args, str):  # some models double-encode the arguments
-        args = _loads(args)
+        args = loads_lenient(args)
         if isinstance(args, ToolCallError):
             return ToolCallError("tool call arguments must be a JSON object")
     if not isinstance(args, dict):
@@ -127,7 +129,7 @@ def _call_from_payload(payload: Any, key: str) -> ToolCall | ToolCallError:
     return ToolCall(payload["name"], args)
 
 
-def _loads(text: str) -> Any:
+def loads_lenient(text: str) -> Any:
     """`json.loads`, with every way model text can fail it as a ToolCallError, never a raise."""
     try:
         return json.loads(text)

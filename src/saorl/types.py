@@ -206,3 +206,26 @@ def _episode_weights(trajs: list[Trajectory]) -> torch.Tensor | None:
     if all(k == 1 for k in segments):
         return None
     return torch.tensor([1.0 / k for k in segments], dtype=torch.float)
+
+
+@dataclass
+class Collected:
+    """One learner batch's worth of finished trajectories, and what forming it took."""
+
+    trajectories: list[Trajectory]
+    dropped: int = 0  # trajectories dropped as too stale while this batch formed
+    waited_s: float = 0.0  # seconds the caller waited for trajectories
+    group_waits: list[float] = field(default_factory=list)  # first to last member, per group
+    failed: list[Trajectory] = field(default_factory=list)  # a few env_error ones, for samples
+
+
+@dataclass
+class PoolStats:
+    """Running totals of a rollout pool since it started."""
+
+    failed: int  # rollouts ended by an environment error or an abort (not trained)
+    restarts: int  # crashed workers replaced
+    prompt_too_long: int  # prompts that filled the context before a token was generated
+    idle_s: float  # seconds an engine had nothing to generate, mean over workers
+    tokens_generated: int  # tokens sampled by every engine together
+    errors: dict[str, int] = field(default_factory=dict)  # env_error episodes by group

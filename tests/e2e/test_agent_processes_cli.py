@@ -11,7 +11,7 @@ import sys
 import time
 import uuid
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.rollout import collector
 from tests._procs import processes_with
 from tests.e2e.test_agent_train import COMMAND, TINY

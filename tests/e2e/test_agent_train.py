@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
-from saorl.trust import FLAG
+from saorl.cli.main import main
+from saorl.security.trust import FLAG
 
 pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +90,7 @@ def test_a_command_agent_trains(tmp_path, monkeypatch):
     assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
     assert all(r["rollout/failed"] == 0 for r in rows)
     # `saorl eval RUN` runs the held-out episodes through the same agent and endpoint; the
-    # command the run folder names runs only when trusted (saorl.trust).
+    # command the run folder names runs only when trusted (saorl.security.trust).
     out = tmp_path / "eval.jsonl"
     assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out)]) == 2
     assert main(["eval", str(tmp_path / "runs" / "cmd"), "--out", str(out), FLAG]) == 0

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import saorl
-from saorl.cli import main
+from saorl.cli.main import main
 from tests.conftest import tiny_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "custom_env.py"

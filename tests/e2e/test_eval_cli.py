@@ -15,10 +15,10 @@ from typing import ClassVar
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import load_config
 from saorl.envs.factory import build_env
-from saorl.evaluation.evaluation import majority, pass_at_k, run_eval, vote
+from saorl.evaluation.held_out import majority, pass_at_k, run_eval, vote
 from tests._chat_stub import ChatStub
 
 # Small enough for the default demo model on 2 cores; the problems' count is what is tested.
@@ -76,7 +76,7 @@ def test_saorl_eval_on_aime25_with_a_tiny_model(tmp_path):
 
 
 def test_prompt_template_reaches_the_in_process_engine(tmp_path):
-    from saorl.evaluation.evaluation import run_episodes
+    from saorl.evaluation.held_out import run_episodes
     from saorl.evaluation.prompts import prompt_template
     from saorl.models.loading import load_policy
     from tests.conftest import tiny_config

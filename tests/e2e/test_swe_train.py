@@ -72,7 +72,7 @@ def test_swe_lite_trains_and_evaluates(tmp_path: Path):
             "1",
             "rollout.max_new_tokens=16",
             "env.max_turns=2",
-            # a folder the run folder names: used only when given again (saorl.trust)
+            # a folder the run folder names: used only when given again (saorl.security.trust)
             f"env.swe_cache_dir={tmp_path / 'cache'}",
             "--out",
             str(out),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.monitoring.metrics import read_metrics
 from saorl.monitoring.samples import SAMPLES_FILE
 from saorl.monitoring.tracking import TRACKERS_FILE

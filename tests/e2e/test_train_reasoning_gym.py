@@ -35,7 +35,7 @@ TINY = [
 
 
 def _saorl(*args: str, pre: str = "pass") -> subprocess.CompletedProcess[str]:
-    code = f"import sys; {pre}; from saorl.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = f"import sys; {pre}; from saorl.cli.main import main; sys.exit(main(sys.argv[1:]))"
     return subprocess.run(
         [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300
     )

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from saorl.checkpoint.checkpoint import (
+from saorl.checkpoint.io import (
     DamagedCheckpointError,
     list_checkpoints,
     load_latest_checkpoint,
@@ -28,7 +28,7 @@ from saorl.checkpoint.checkpoint import (
     save_checkpoint,
     sharded_checkpoint_path,
 )
-from saorl.cli import main
+from saorl.cli.main import main
 from tests.faults._common import TINY_SYNC, run_saorl
 
 pytestmark = [

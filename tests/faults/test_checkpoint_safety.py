@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file, save_checkpoint
-from saorl.cli import main
+from saorl.checkpoint.io import list_checkpoints, load_state_file, save_checkpoint
+from saorl.cli.main import main
 from saorl.envs.data.datasets import load_problems
 from saorl.envs.factory import DatasetTask
 from saorl.rollout.resume import restore_rollouts, snapshot_rollouts

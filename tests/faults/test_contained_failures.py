@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 from saorl.learner.learner import Learner, NonFiniteError
 from saorl.loop import train_from_config

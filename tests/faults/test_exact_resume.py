@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint.checkpoint import load_latest_checkpoint
+from saorl.checkpoint.io import load_latest_checkpoint
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from tests.conftest import tiny_config

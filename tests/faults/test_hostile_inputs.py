@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, save_checkpoint
-from saorl.cli import main
+from saorl.checkpoint.io import list_checkpoints, save_checkpoint
+from saorl.cli.main import main
 from saorl.config import load_config
 from saorl.models.loading import load_policy, save_pretrained
 from tests.faults._common import TINY_SYNC

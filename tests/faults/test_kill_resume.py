@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint.checkpoint import checkpoint_dir, list_checkpoints, load_latest_checkpoint
+from saorl.checkpoint.io import checkpoint_dir, list_checkpoints, load_latest_checkpoint
 from saorl.faults import POINTS
 from tests.faults._common import (
     TINY_SYNC,

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.monitoring.metrics import MetricsLogger
 from saorl.monitoring.samples import SampleLogger
 from saorl.monitoring.terminal import EscapedStream, printable
@@ -155,7 +155,7 @@ def test_data_in_errors_and_eval_tables_reaches_the_terminal_escaped(tmp_path: P
     )
     assert code == 0
     from saorl.config import load_config
-    from saorl.evaluation.evaluation import write_results
+    from saorl.evaluation.held_out import write_results
 
     capsys.readouterr()
     write_results(f"served[link=http://x]{_OSC}", load_config(), {"k": 1}, [], str(out))

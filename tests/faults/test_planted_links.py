@@ -1,4 +1,4 @@
-"""Files saorl writes never follow a symbolic link (`saorl.safe_io`).
+"""Files saorl writes never follow a symbolic link (`saorl.security.safe_io`).
 
 A run folder received from someone else (or shared) can hold `metrics.jsonl -> ~/.bashrc`.
 Each test plants a link where a run, `saorl report` or `saorl eval` writes, runs the real
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
-from saorl.safe_io import UnsafePathError, open_write, write_atomic
+from saorl.cli.main import main
+from saorl.security.safe_io import UnsafePathError, open_write, write_atomic
 from tests.faults._common import TINY_SYNC
 
 pytestmark = pytest.mark.faults

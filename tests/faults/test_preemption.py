@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_latest_checkpoint
-from saorl.signals import SignalExit, StopSignals
+from saorl.checkpoint.io import list_checkpoints, load_latest_checkpoint
+from saorl.run.signals import SignalExit, StopSignals
 from tests.faults._common import TINY_SYNC, assert_same_metrics, metric_rows, run_saorl, saorl_cmd
 
 pytestmark = pytest.mark.faults

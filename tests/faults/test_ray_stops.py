@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint.checkpoint import load_latest_checkpoint
+from saorl.checkpoint.io import load_latest_checkpoint
 from tests.faults._common import TINY_SYNC, metric_rows, saorl_cmd
 from tests.faults.test_preemption import _rows_reach
 

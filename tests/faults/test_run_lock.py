@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.run_lock import LOCK_FILE, RunLock, RunLockedError, claim_fresh
+from saorl.run.lock import LOCK_FILE, RunLock, RunLockedError, claim_fresh
 from tests.faults._common import TINY_SYNC, metric_rows, run_saorl, saorl_cmd
 
 pytestmark = pytest.mark.faults
@@ -52,7 +52,7 @@ def test_starters_at_once_never_share_a_folder(tmp_path: Path):
 
 def test_a_killed_holder_leaves_a_lock_that_is_taken_over(tmp_path: Path):
     code = (
-        "import os, signal; from saorl.run_lock import RunLock; "
+        "import os, signal; from saorl.run.lock import RunLock; "
         f"RunLock({str(tmp_path)!r}).acquire(); os.kill(os.getpid(), signal.SIGKILL)"
     )
     dead = subprocess.run([sys.executable, "-c", code], timeout=60)

@@ -18,7 +18,8 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from saorl.checkpoint.checkpoint import (
+from saorl.checkpoint.dcp import SafeReader
+from saorl.checkpoint.io import (
     DamagedCheckpointError,
     UnsafeCheckpointError,
     list_checkpoints,
@@ -27,7 +28,6 @@ from saorl.checkpoint.checkpoint import (
     save_checkpoint,
     sharded_checkpoint_path,
 )
-from saorl.checkpoint.dcp import SafeReader
 from tests.faults._common import TINY_SYNC, run_saorl
 from tests.faults.test_checkpoint_safety import _refused, _RunsCommand, _snapshot
 

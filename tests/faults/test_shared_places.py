@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
-from saorl.run_lock import LOCK_FILE, RunLock, claim_fresh
-from saorl.safe_io import UnsafePathError
+from saorl.cli.main import main
+from saorl.run.lock import LOCK_FILE, RunLock, claim_fresh
+from saorl.security.safe_io import UnsafePathError
 from tests.faults._common import TINY_SYNC
 
 pytestmark = pytest.mark.faults

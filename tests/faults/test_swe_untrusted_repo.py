@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.swe.build_sandbox import checked_env
 from saorl.envs.swe.env import SweEnv

@@ -20,7 +20,7 @@ import pytest
 import saorl
 from saorl.api import train_config
 from saorl.config import ConfigError, ModelConfig, config_to_toml, load_config
-from saorl.trust import FLAG, load_trusted
+from saorl.security.trust import FLAG, load_trusted
 from tests.faults._common import run_saorl, saorl_cmd
 
 pytestmark = pytest.mark.faults

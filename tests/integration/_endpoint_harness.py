@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from saorl.config import EnvConfig
+from saorl.engines.protocol import Completion
 from saorl.envs.agent import AgentProgram
-from saorl.rollout.engine import Completion
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 
 

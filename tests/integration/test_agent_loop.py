@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from saorl.engines.protocol import Completion, GenerationRequest
 from saorl.envs.base import StepResult
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.agent import ChatCodec
-from saorl.rollout.engine import Completion, GenerationRequest
+from saorl.rollout.episode import ChatCodec
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 
 TEMPLATE = (

@@ -13,9 +13,9 @@ import textwrap
 import pytest
 import torch
 
+from saorl.engines.hf import HFEngine
 from saorl.envs.arithmetic import ArithmeticEnv, Problem
 from saorl.models.logprobs import sequence_logprobs
-from saorl.rollout.hf_engine import HFEngine
 from tests.integration._endpoint_harness import Recording, run_agents
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_endpoint import CALL, TASK, TOOLS, _tok

@@ -11,9 +11,9 @@ import json
 import httpx
 import pytest
 
-from saorl.rollout.agent import ChatCodec
-from saorl.rollout.agent_record import AgentSession
-from saorl.rollout.endpoint_api import parse_tool_calls
+from saorl.rollout.agents.records import AgentSession
+from saorl.rollout.agents.wire import parse_tool_calls
+from saorl.rollout.episode import ChatCodec
 from tests.integration._endpoint_harness import Recording, run_agents
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_tool_call_loop import _tokenizer

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from saorl.rollout.endpoint import TrainingEndpoint
+from saorl.rollout.agents.server import TrainingEndpoint
 from tests.integration._endpoint_harness import run_agents
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_endpoint import TASK, _tok

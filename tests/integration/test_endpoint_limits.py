@@ -8,8 +8,8 @@ import socket
 
 import httpx
 
-from saorl.rollout.endpoint import TrainingEndpoint
-from saorl.rollout.endpoint_api import MIN_BODY_BYTES, body_limit
+from saorl.rollout.agents.server import TrainingEndpoint
+from saorl.rollout.agents.wire import MIN_BODY_BYTES, body_limit
 from tests.integration.test_endpoint import _tok
 
 

@@ -1,4 +1,4 @@
-"""Evaluation builds its engines through `saorl.rollout.factory.build_engine`, so the config's
+"""Evaluation builds its engines through `saorl.engines.factory.build_engine`, so the config's
 `rollout.engine` is the engine `saorl eval` and in-training evaluation sample with."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import saorl.evaluation.evaluation
+import saorl.evaluation.held_out
 from saorl import api
+from saorl.engines.factory import build_engine
 from saorl.envs.factory import build_env
-from saorl.rollout.factory import build_engine
 from tests.conftest import tiny_config
 
 
@@ -24,7 +24,7 @@ def engines_asked(monkeypatch):
         hf = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": "hf"})})
         return build_engine(hf, policy, tokenizer, **kw)
 
-    monkeypatch.setattr(saorl.evaluation.evaluation, "build_engine", spy)
+    monkeypatch.setattr(saorl.evaluation.held_out, "build_engine", spy)
     return asked
 
 

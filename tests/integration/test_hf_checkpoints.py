@@ -13,14 +13,14 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from saorl.checkpoint.checkpoint import (
+from saorl.checkpoint.io import (
     checkpoint_dir,
     hf_checkpoint_path,
     list_checkpoints,
     load_latest_checkpoint,
     load_state_file,
 )
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import load_config
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config

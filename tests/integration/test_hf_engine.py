@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.models.logprobs import sequence_logprobs
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 
 # Every engine test runs on both decoding paths: the KV cache and the re-encode reference.
 KV = pytest.mark.parametrize("kv_cache", [True, False], ids=["kv", "reencode"])

@@ -1,4 +1,4 @@
-"""The HF engine's grouped prefill (`saorl.rollout.prefill_plan`) after a weight update.
+"""The HF engine's grouped prefill (`saorl.engines.prefill_plan`) after a weight update.
 
 After a push every running row is re-prefilled under the new weights, rows of very different
 lengths in separate forwards. What must hold is what held with one padded forward: a token
@@ -14,11 +14,11 @@ import copy
 import pytest
 import torch
 
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import Completion, GenerationRequest
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.routing import RoutingRecorder
-from saorl.rollout.engine import Completion, GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from tests.conftest import tiny_config
 
 # Prompts of 4 to ~300 tokens: the re-prefill cannot pad them all to the longest for free.

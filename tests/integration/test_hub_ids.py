@@ -17,8 +17,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from saorl.checkpoint.checkpoint import load_state_file
-from saorl.cli import main
+from saorl.checkpoint.io import load_state_file
+from saorl.cli.main import main
 from saorl.config import ConfigError
 from saorl.models.loading import load_policy
 from tests.conftest import tiny_config

@@ -2,8 +2,8 @@
 
 Each test runs in a folder holding a `saorl` package (and `torch`, `math_verify`) that writes a
 marker file when imported, starts one kind of child (the process-pool worker, the math grader
-worker, the isolated `python -c` / `-m` of `saorl.child_python` that `saorl compare` and the
-verifiers runner use) and checks that the child works and the marker never appears.
+worker, the isolated `python -c` / `-m` of `saorl.security.child_python` that `saorl compare` and
+the verifiers runner use) and checks that the child works and the marker never appears.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 import saorl
-from saorl.child_python import SAORL_ROOT, module_argv, python_argv
 from saorl.distributed.proc_actor import ProcessActor
 from saorl.envs.math.worker import Worker
+from saorl.security.child_python import SAORL_ROOT, module_argv, python_argv
 
 
 @pytest.fixture

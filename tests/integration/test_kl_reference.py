@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint
+from saorl.checkpoint.io import load_state_file, save_checkpoint
 from saorl.config import ConfigError
 from saorl.learner.learner import Learner
 from saorl.losses import reference_kl_penalty

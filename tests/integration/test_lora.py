@@ -18,14 +18,14 @@ import pytest
 import torch
 
 from saorl.config import ConfigError
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.envs.factory import build_env
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import merge_lora
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from tests.conftest import tiny_config
 from tests.faults._common import TINY_SYNC, assert_same_metrics, metric_rows
 from tests.integration.test_learner import _batch

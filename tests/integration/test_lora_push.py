@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import is_adapter_key, merged_copy, state_bytes
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from tests.conftest import tiny_config
 from tests.faults._common import metric_rows
 from tests.integration.test_learner import _batch

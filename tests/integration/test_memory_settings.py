@@ -10,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint
+from saorl.checkpoint.io import load_state_file, save_checkpoint
 from saorl.config import ConfigError
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy

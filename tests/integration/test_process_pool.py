@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_latest_checkpoint, load_state_file
+from saorl.checkpoint.io import list_checkpoints, load_latest_checkpoint, load_state_file
 from saorl.config import ConfigError, load_config
 from saorl.envs.factory import build_env
 from saorl.learner.learner import Learner

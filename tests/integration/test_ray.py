@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file
+from saorl.checkpoint.io import load_state_file
 from saorl.envs.factory import build_env
 from saorl.loop import train_from_config
 from saorl.rollout.collector import BatchCollector

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import ConfigError, load_config
 
 CLUSTER = Path(__file__).parents[2] / "examples" / "cluster_qwen3_30b_a3b.toml"

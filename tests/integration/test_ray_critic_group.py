@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
+from saorl.checkpoint.io import list_checkpoints, load_state_file
 from saorl.config import ConfigError
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config

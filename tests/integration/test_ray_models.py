@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file
+from saorl.checkpoint.io import load_state_file
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_latest_checkpoint, save_checkpoint
+from saorl.checkpoint.io import list_checkpoints, load_latest_checkpoint, save_checkpoint
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from tests._tracker_readers import metric_series, tb_scalars

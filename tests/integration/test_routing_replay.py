@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file, save_checkpoint, unsafe_globals
+from saorl.checkpoint.io import load_state_file, save_checkpoint, unsafe_globals
 from saorl.config import ConfigError
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.routing import RoutingRecorder, RoutingReplay
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
 from saorl.types import Batch, Trajectory, fit_routing
 from tests.conftest import tiny_config
 from tests.faults._common import metric_rows
@@ -247,7 +247,7 @@ def test_routing_replay_needs_a_supported_router(tiny_policy):
     with pytest.raises(ConfigError, match="routing_replay"):
         Learner(tiny_config("algorithm.routing_replay=true"), policy, torch.device("cpu"))
     # The vLLM engine checks the policy before it imports or builds vLLM.
-    from saorl.rollout.vllm_engine import VLLMEngine
+    from saorl.engines.vllm import VLLMEngine
 
     with pytest.raises(ConfigError, match="routing_replay"):
         VLLMEngine.from_policy(policy, tok, max_seq_len=32, record_routing=True)

@@ -14,7 +14,7 @@ import torch
 
 from saorl.config import load_config
 from saorl.envs.factory import build_env
-from saorl.evaluation.evaluation import evaluate_policy, run_episodes
+from saorl.evaluation.held_out import evaluate_policy, run_episodes
 from saorl.models.loading import load_policy
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.pool import agent_limits

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_latest_checkpoint
+from saorl.checkpoint.io import load_latest_checkpoint
 from saorl.checkpoint.shards import open_sharded
 from saorl.config import ConfigError
 from saorl.learner.learner import Learner

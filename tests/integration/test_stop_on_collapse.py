@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
-from saorl.cli import main
+from saorl.checkpoint.io import list_checkpoints, load_state_file
+from saorl.cli.main import main
 from saorl.envs.arithmetic import ArithmeticTask
 
 # A random-init model rarely emits EOS; stop strings covering most characters end turns early.

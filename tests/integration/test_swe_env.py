@@ -10,13 +10,13 @@ import time
 
 import pytest
 
+from saorl.engines.protocol import Completion, GenerationRequest
 from saorl.envs.swe.env import SweEnv
 from saorl.envs.swe.gen.generator import generate_pool
 from saorl.envs.swe.spec import hermes_call
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.tools import CODE_TAG
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.engine import Completion, GenerationRequest
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 from saorl.toolcalls import stop_strings
 

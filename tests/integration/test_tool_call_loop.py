@@ -18,8 +18,8 @@ import pytest
 
 from saorl.envs.function_tools import FunctionTools
 from saorl.envs.math.tool import MathToolEnv
+from saorl.evaluation.openai_client import chat_episode
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.openai_client import chat_episode
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
 from saorl.toolcalls import render_tool_call
 from tests._chat_stub import ChatStub

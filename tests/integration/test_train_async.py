@@ -9,7 +9,7 @@ import string
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import list_checkpoints, load_state_file
+from saorl.checkpoint.io import list_checkpoints, load_state_file
 from saorl.corrections import lab_keys
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.loop import train_from_config

@@ -8,7 +8,7 @@ import string
 import pytest
 import torch
 
-from saorl.checkpoint.checkpoint import load_state_file
+from saorl.checkpoint.io import load_state_file
 from saorl.config import ConfigError
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.learner.value_pretrain import value_pretrain

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from saorl.cli import main
+from saorl.cli.main import main
 from tests.openenv_tier._marks import OPENENV_TIER
 
 pytestmark = OPENENV_TIER

@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from saorl.checkpoint.checkpoint import (
+from saorl.checkpoint.dcp import counters, load_sharded, save_sharded
+from saorl.checkpoint.io import (
     load_latest_checkpoint,
     save_checkpoint,
     sharded_checkpoint_path,
 )
-from saorl.checkpoint.dcp import counters, load_sharded, save_sharded
 from saorl.distributed.fsdp import FSDPSharding
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy

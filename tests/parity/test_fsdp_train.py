@@ -58,8 +58,8 @@ def test_torchrun_fsdp_train_and_resume(tmp_path: Path):
     import torch.distributed.checkpoint as dcp
     from safetensors.torch import load_file
 
-    from saorl.checkpoint.checkpoint import load_state_file
     from saorl.checkpoint.dcp import SafeReader
+    from saorl.checkpoint.io import load_state_file
 
     _torchrun(f"run.output_dir={tmp_path}", "run.name=fsdp", "run.total_steps=3")
     run = tmp_path / "fsdp"
@@ -108,7 +108,7 @@ def test_sigterm_to_one_rank_stops_every_rank_after_the_same_step(tmp_path: Path
     (`LeaderLearner.agree_stop`), and both ranks write the checkpoint of the step they reached."""
     import time
 
-    from saorl.checkpoint.checkpoint import load_latest_checkpoint
+    from saorl.checkpoint.io import load_latest_checkpoint
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [

@@ -17,8 +17,8 @@ import copy
 
 import torch
 
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.hf_engine import HFEngine
+from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import GenerationRequest
 
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5=", "123+456=", "3+4=", "61+2="]
 

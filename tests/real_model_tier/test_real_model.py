@@ -19,7 +19,7 @@ import pytest
 from saorl.config import ModelConfig
 from saorl.models import fetch
 from saorl.models.loading import load_policy
-from saorl.rollout.agent import ChatCodec
+from saorl.rollout.episode import ChatCodec
 from tests.real_model_tier._marks import REAL_MODEL_TIER
 
 pytestmark = REAL_MODEL_TIER

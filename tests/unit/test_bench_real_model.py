@@ -264,7 +264,7 @@ def test_trl_gets_the_prompt_ids_saorl_renders(tmp_path: Path) -> None:
     pytest.importorskip("reasoning_gym")
     from saorl.api import make_config
     from saorl.envs.factory import build_env
-    from saorl.rollout.agent import ChatCodec
+    from saorl.rollout.episode import ChatCodec
 
     tokenizer = _real_tokenizer()
     cfg = make_config(CONFIG, ["env.eval_size=4"])

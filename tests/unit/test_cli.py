@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import Config, ConfigError, load_config
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
@@ -205,15 +205,15 @@ def test_no_command_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 _NO_TORCH = """
 import sys
-import saorl.cli
+import saorl.cli.main
 for argv in (["--help"], ["train", "--help"], ["eval", "--help"]):
     try:
-        saorl.cli.main(argv)
+        saorl.cli.main.main(argv)
     except SystemExit as exc:
         assert exc.code == 0, exc.code
-assert saorl.cli.main(["train", "--print-config"]) == 0
-assert saorl.cli.main(["eval", "builtin:tiny", "--print-config", "env.eval_size=8"]) == 0
-assert saorl.cli.main(["train", "--help-config"]) == 0
+assert saorl.cli.main.main(["train", "--print-config"]) == 0
+assert saorl.cli.main.main(["eval", "builtin:tiny", "--print-config", "env.eval_size=8"]) == 0
+assert saorl.cli.main.main(["train", "--help-config"]) == 0
 assert "torch" not in sys.modules, "torch was imported"
 print("NO_TORCH_OK")
 """
@@ -251,7 +251,7 @@ def test_eval_results_of_two_models_do_not_overwrite_each_other(
 ) -> None:
     import json
 
-    from saorl.evaluation.evaluation import model_label, write_results
+    from saorl.evaluation.held_out import model_label, write_results
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a").mkdir(parents=True)
@@ -267,7 +267,7 @@ def test_eval_results_of_two_models_do_not_overwrite_each_other(
 def test_eval_of_an_agent_names_its_task(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from saorl.evaluation.evaluation import task_name, write_results
+    from saorl.evaluation.held_out import task_name, write_results
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_agent.py").write_text("async def run(task, client):\n    return 1.0\n")

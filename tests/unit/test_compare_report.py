@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 import saorl.experiments.compare
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import Config, ConfigError, config_to_toml, load_config
 from saorl.experiments.arms import ABLATIONS, arm_components, components_table
 from saorl.experiments.compare import (
@@ -36,8 +36,8 @@ from saorl.experiments.compare import (
     split_arms,
     write_compare_report,
 )
-from saorl.experiments.report import _COMPARE_PANELS, seed_bands
 from saorl.monitoring.collapse import detect_collapse
+from saorl.monitoring.report import _COMPARE_PANELS, seed_bands
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -365,9 +365,9 @@ def test_cli_compare_default_arms_each_get_a_row(fake: FakeTrainer, tmp_path: Pa
 
 def test_compare_and_report_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, saorl.cli, saorl.experiments.compare, saorl.monitoring.collapse\n"
-        "import saorl.experiments.report\n"
-        "try:\n    saorl.cli.main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
+        "import sys, saorl.cli.main, saorl.experiments.compare, saorl.monitoring.collapse\n"
+        "import saorl.monitoring.report\n"
+        "try:\n    saorl.cli.main.main(['compare', '--help'])\nexcept SystemExit:\n    pass\n"
         "bad = [m for m in ('torch', 'matplotlib') if m in sys.modules]\n"
         "sys.exit(f'imported: {bad}' if bad else 0)\n"
     )

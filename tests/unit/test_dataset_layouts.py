@@ -18,7 +18,7 @@ from saorl.envs.data.datasets import DatasetError, MathProblem, load_problems
 from saorl.envs.factory import build_env
 from saorl.envs.math.tool import NO_TOOL_INSTRUCTIONS, MathToolEnv
 from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.agent import ChatCodec
+from saorl.rollout.episode import ChatCodec
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 

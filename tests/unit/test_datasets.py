@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from saorl.config.env import DATASET_PRESET_NAMES
 from saorl.envs.data.datasets import (
     DATASET_PRESETS,
     PACKAGED_DATA,
@@ -123,6 +124,8 @@ def test_load_preset_data_root_resolution(tmp_path: Path, monkeypatch) -> None:
     with pytest.raises(ValueError, match=r"unknown dataset preset 'gsm8k'.*gsm8k_test"):
         load_preset("gsm8k")
     assert set(DATASET_PRESETS) == {"aime24", "aime25", "math500", "gsm8k_test"}
+    # the names the config (and the trust gate) know without importing the environments
+    assert tuple(DATASET_PRESETS) == DATASET_PRESET_NAMES
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ SRC = ROOT / "src"
 # module (or module-name prefix) -> the extra whose installation enables it
 EXTRA_OF: dict[str, str] = {
     "saorl.envs.agent": "agents",  # the openai client of function agents
-    "saorl.rollout.endpoint": "agents",  # the in-process client's HTTP library (httpx2)
+    "saorl.rollout.agents.server": "agents",  # the in-process client's HTTP library (httpx2)
     "saorl.envs.openenv": "openenv",  # and openenv_tools
     "saorl.envs.reasoning_gym": "reasoning-gym",
     "saorl.envs.swe.": "swe",  # runs the task repositories' tests with pytest
@@ -49,7 +49,7 @@ UNDECLARED: dict[tuple[str, str], str] = {
     ("saorl.envs.data.files", "pandas"): "optional: Parquet files, says what to install",
     ("saorl.envs.data.files", "datasets"): "optional: save_to_disk folders, says what to install",
     ("saorl.envs.swe.mine", "tqdm"): "optional: a progress bar",
-    ("saorl.rollout.endpoint", "httpx"): "the fallback for openai < 3 (the verifiers venv)",
+    ("saorl.rollout.agents.server", "httpx"): "the fallback for openai < 3 (the verifiers venv)",
     ("saorl.envs.swe.venv_probe", "packaging"): "runs in a task's venv (or pip's copy)",
     ("saorl.envs.swe.venv_probe", "pip"): "runs in a task's venv",
     ("saorl.envs.swe.miniswe_runner", "minisweagent"): "runs in .venv-miniswe",
@@ -149,6 +149,6 @@ def test_the_agents_extra_brings_the_endpoints_http_library():
     in-process agents' client from the SDK's own library."""
     import openai
 
-    from saorl.rollout.endpoint import _httpx
+    from saorl.rollout.agents.server import _httpx
 
     assert isinstance(openai.DefaultAsyncHttpxClient(), _httpx().AsyncClient)

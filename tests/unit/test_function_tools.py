@@ -116,7 +116,7 @@ def test_schema_from_a_numpy_docstring() -> None:
 
 def test_tools_reach_a_real_chat_template() -> None:
     from saorl.models.tokenizer import build_char_tokenizer
-    from saorl.rollout.agent import ChatCodec
+    from saorl.rollout.episode import ChatCodec
 
     tok = build_char_tokenizer(with_newlines=True)
     tok.chat_template = (
@@ -148,8 +148,8 @@ def test_tools_a_tokenizer_cannot_render_are_warned_about_once(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from saorl.models.tokenizer import build_char_tokenizer
-    from saorl.rollout import agent
-    from saorl.rollout.agent import ChatCodec
+    from saorl.rollout import episode as agent
+    from saorl.rollout.episode import ChatCodec
 
     monkeypatch.setattr(agent, "_TOOLS_WARNED", set())
     tools = FunctionTools([add]).schemas

@@ -16,20 +16,38 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 # The top of src/saorl: the front doors, the loop and the interfaces it is written against, the
-# types, the pure math, the tool-call formats, and the small run-level pieces of the CLI.
+# types, the pure math, the tool-call formats, and the fault-injection hooks.
 TOP_LEVEL = {
-    *("__init__", "__main__", "_moved", "api", "cli", "cli_parser"),  # front doors
+    *("__init__", "__main__", "api"),  # front doors (the CLI is its own room)
     *("loop", "interfaces", "topology", "types"),
     *("losses", "advantages", "corrections"),  # pure functions with the paper's equations
     "toolcalls",  # the one module both rollout/ and envs/ use for how a model calls a tool
-    *("run_plan", "signals", "run_lock", "faults", "trust"),
-    *("safe_io", "child_python"),  # every write of a file; every child interpreter
+    "faults",
 }
 # The rooms (folders), each a part a newcomer can name; `data` holds package data, no code.
 ROOMS = {
-    *("learner", "rollout", "envs", "models", "checkpoint", "evaluation"),
+    *("learner", "rollout", "engines", "envs", "models", "checkpoint", "evaluation"),
     *("experiments", "monitoring", "config", "sandbox", "distributed", "data"),
+    *("cli", "run", "security"),
 }
+# The house from the ground up: a room or top-level module imports only from floors below its
+# own (in function bodies and type-only imports too), so nothing runs back up.
+FLOORS = (
+    ("config", "types", "toolcalls", "losses", "advantages", "sandbox", "faults"),
+    ("corrections", "security"),
+    ("monitoring", "models", "run"),
+    ("engines", "envs"),
+    ("checkpoint",),
+    ("rollout",),
+    ("evaluation",),
+    ("learner",),
+    ("distributed", "interfaces"),
+    ("topology",),
+    ("loop",),
+    ("experiments", "api"),
+    ("cli",),
+    ("__main__",),
+)
 # room (or top-level module) -> the rooms and top-level modules it may import, in function bodies
 # and type-only imports too. Top-level modules not named here (the loop, the CLI) may import any.
 MAY_IMPORT: dict[str, set[str]] = {
@@ -39,26 +57,27 @@ MAY_IMPORT: dict[str, set[str]] = {
     "advantages": set(),
     "corrections": {"losses"},
     "toolcalls": set(),
-    "safe_io": {"config"},
-    "child_python": set(),
-    "monitoring": {"config", "types", "safe_io"},
+    "security": {"config"},
+    "run": {"config", "security"},
+    "monitoring": {"config", "types", "security"},
+    "models": {"config", "types", "security"},
+    "engines": {"config", "models", "types"},
     # envs: the built-in arithmetic task, the one object a checkpoint may hold
-    "checkpoint": {"config", "faults", "envs", "safe_io"},
-    "models": {"config", "types", "learner", "safe_io"},  # learner: lora's Sharding argument
-    "envs": {"config", "sandbox", "toolcalls", "safe_io", "child_python"},
-    "rollout": {"config", "envs", "models", "checkpoint", "interfaces", "toolcalls", "types"},
+    "checkpoint": {"config", "faults", "envs", "security"},
+    "envs": {"config", "sandbox", "toolcalls", "security"},
+    "rollout": {"config", "envs", "engines", "models", "checkpoint", "toolcalls", "types"},
     "evaluation": {
-        *("config", "envs", "models", "monitoring", "rollout", "checkpoint", "types"),
-        "safe_io",
+        *("config", "envs", "engines", "models", "monitoring", "rollout", "checkpoint", "types"),
+        *("security", "toolcalls"),
     },
     "learner": {
         *("config", "envs", "models", "monitoring", "rollout", "checkpoint", "evaluation"),
-        *("advantages", "corrections", "losses", "types", "safe_io"),
+        *("advantages", "corrections", "losses", "types", "security"),
     },
-    "experiments": {"config", "monitoring", "loop", "safe_io", "child_python"},
+    "experiments": {"config", "monitoring", "loop", "security"},
     "distributed": {
-        *("config", "envs", "models", "rollout", "checkpoint", "evaluation", "learner"),
-        *("signals", "types", "child_python"),
+        *("config", "envs", "engines", "models", "rollout", "checkpoint", "evaluation"),
+        *("learner", "run", "types", "security"),
     },
 }
 # Where rollout/ meets envs/, besides the formats in saorl.toolcalls: the environment protocol
@@ -74,6 +93,8 @@ BOUNDARIES = {
     # Tracker packages load only when run.trackers names them.
     "saorl.loop": ("ray", "saorl.distributed", "wandb", "mlflow", "tensorboardX"),
     "saorl.learner.learner": ("ray", "saorl.distributed"),
+    # Engines are token in, token out: no environments, no rollout workers.
+    "saorl.engines.hf": ("saorl.envs", "saorl.rollout"),
     # Configs stay instant to load and print.
     "saorl.config": ("torch",),
     # The tool-call formats are plain text rules, shared by both sides.
@@ -127,11 +148,24 @@ def test_a_room_imports_only_the_rooms_it_may(name: str) -> None:
             continue
         for target in sorted(targets):
             other = room(target)
-            if other in (name, "_moved", "saorl"):  # `_moved`: the forwarding of old names
+            if other in (name, "saorl"):  # `saorl`: the package's version
                 continue
             if other not in MAY_IMPORT[name] or target not in BETWEEN.get((name, other), {target}):
                 wrong.append(f"{module} -> {target}")
     assert not wrong, f"{name} may import only {sorted(MAY_IMPORT[name])}: {wrong}"
+
+
+def test_no_import_runs_back_up() -> None:
+    floor = {name: i for i, names in enumerate(FLOORS) for name in names}
+    assert set(floor) == ROOMS - {"data"} | TOP_LEVEL - {"__init__"}, "every room has a floor"
+    up = []
+    for module, targets in import_graph(lazy=True).items():
+        here = room(module)
+        for target in targets:
+            there = room(target)
+            if there not in (here, "saorl") and floor[there] >= floor[here]:
+                up.append(f"{module} -> {target}")
+    assert not up, f"imports running back up (or across a floor): {sorted(up)}"
 
 
 @pytest.mark.parametrize("package", SINGLE_PROCESS)

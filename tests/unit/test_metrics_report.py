@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from saorl.cli import main
-from saorl.experiments.report import plot_run, report_run
+from saorl.cli.main import main
 from saorl.monitoring.metrics import MetricsLogger, TrainProgress, read_metrics
+from saorl.monitoring.report import plot_run, report_run
 
 _SRC = Path(__file__).resolve().parents[2] / "src"
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -154,7 +154,7 @@ def test_report_run_raises_on_empty(tmp_path: Path) -> None:
 
 def test_cli_import_is_light() -> None:
     code = (
-        "import sys, saorl.cli, saorl.monitoring.metrics, saorl.experiments.report; "
+        "import sys, saorl.cli.main, saorl.monitoring.metrics, saorl.monitoring.report; "
         "bad = [m for m in ('torch', 'matplotlib', 'rich') if m in sys.modules]; "
         "sys.exit(f'imported at module level: {bad}' if bad else 0)"
     )
@@ -230,7 +230,7 @@ def test_train_progress_live_display_runs(
 
 
 def test_run_figure_shades_critic_only_steps_marks_collapse_and_skips_tool_calls() -> None:
-    from saorl.experiments.report import run_figure
+    from saorl.monitoring.report import run_figure
 
     rows = _synthetic_rows()
     for row in rows[:8]:
@@ -256,7 +256,7 @@ def test_run_figure_shades_critic_only_steps_marks_collapse_and_skips_tool_calls
 
 
 def test_compare_plots_shade_each_arm_s_critic_only_steps(tmp_path: Path, monkeypatch) -> None:
-    import saorl.experiments.report as report
+    import saorl.monitoring.report as report
 
     drawn: list[tuple[Any, list[Any]]] = []
     save = report._save_with_legend

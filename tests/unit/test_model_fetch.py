@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import ConfigError
 from saorl.models import fetch
 from saorl.models.loading import model_dir

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from saorl.rollout.prefill_plan import forward_cost, plan_prefill
+from saorl.engines.prefill_plan import forward_cost, plan_prefill
 
 
 def _cost(lengths: list[int], groups: list[list[int]]) -> float:

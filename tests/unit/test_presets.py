@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from saorl.config import AlgorithmConfig, Config, ConfigError, config_to_toml, load_config
 from saorl.config.presets import PRESETS, Times
 

@@ -305,7 +305,7 @@ def test_missing_column_is_a_config_error_at_build(tmp_path: Path, rewards_file)
 
 def test_the_wrapper_forwards_tools_to_the_chat_template(tmp_path: Path) -> None:
     from saorl.models.tokenizer import build_char_tokenizer
-    from saorl.rollout.agent import ChatCodec
+    from saorl.rollout.episode import ChatCodec
 
     env, task = _forms_env(tmp_path, ["verl_float"])
     assert env.tools == [{"type": "function", "function": {"name": "lookup"}}]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from saorl.config import load_config
-from saorl.run_plan import critic_only_steps, policy_updates, warn_short_run
+from saorl.run.plan import critic_only_steps, policy_updates, warn_short_run
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_policy_updates_and_the_warning(overrides, warm, updates, warned, capsys
 def test_the_tiny_model_on_a_task_it_cannot_know_points_at_the_real_model(
     overrides, warned, capsys
 ) -> None:
-    from saorl.run_plan import warn_tiny_model
+    from saorl.run.plan import warn_tiny_model
 
     text = warn_tiny_model(load_config(None, overrides))
     err = capsys.readouterr().err

@@ -1,5 +1,5 @@
 """Every config field is either allowed in a run folder's saved config or gated by
---trust-remote-code (`saorl.trust`): a new field must be put in one of the two lists."""
+--trust-remote-code (`saorl.security.trust`): a new field must be put in one of the two lists."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from saorl.config import Config, ConfigError, config_to_toml, load_config
-from saorl.trust import ALLOWED, GATED, load_trusted
+from saorl.security.trust import ALLOWED, GATED, load_trusted
 
 # A value for each gated field that names something (with what makes the config valid).
 EXAMPLES = {
@@ -55,8 +55,8 @@ def test_every_config_field_is_allowed_or_gated():
     fields = _all_fields()
     unclassified = sorted(fields - ALLOWED - set(GATED))
     assert not unclassified, (
-        f"new config fields {unclassified}: add each to saorl.trust.ALLOWED (a setting a "
-        "received run folder may make) or saorl.trust.GATED (it names code, a command, an "
+        f"new config fields {unclassified}: add each to saorl.security.trust.ALLOWED (a setting a "
+        "received run folder may make) or saorl.security.trust.GATED (it names code, a command, an "
         "interpreter, a file, an address or a package)"
     )
     assert not ALLOWED & set(GATED)

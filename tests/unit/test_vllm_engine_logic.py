@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from saorl.config import ConfigError
-from saorl.models.tokenizer import build_char_tokenizer
-from saorl.rollout.engine import GenerationRequest
-from saorl.rollout.vllm_engine import (
+from saorl.engines.protocol import GenerationRequest
+from saorl.engines.vllm import (
     VLLMEngine,
     choose_logprobs_mode,
     finish_reason,
@@ -24,6 +23,7 @@ from saorl.rollout.vllm_engine import (
     sampled_logprobs,
     stop_string_hit,
 )
+from saorl.models.tokenizer import build_char_tokenizer
 from tests.conftest import tiny_config
 
 TOK = build_char_tokenizer()
@@ -211,7 +211,7 @@ def test_logprobs_mode_matches_softmax_of_logits_over_temperature():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed")
 def test_missing_vllm_names_the_extra_and_the_script(tiny_policy):
-    from saorl.rollout.factory import build_engine
+    from saorl.engines.factory import build_engine
 
     model, tok = tiny_policy
     with pytest.raises(ImportError, match=r"\[vllm\].*install_vllm_cpu\.sh"):

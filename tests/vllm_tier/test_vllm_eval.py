@@ -23,7 +23,7 @@ ENGINE = [
 
 def test_saorl_eval_with_the_vllm_engine(monkeypatch):
     from saorl import api
-    from saorl.rollout.vllm_engine import VLLMEngine
+    from saorl.engines.vllm import VLLMEngine
 
     built = []
     from_policy = VLLMEngine.from_policy.__func__

@@ -4,7 +4,7 @@
 The learner trains adapters only (tests/integration/test_lora.py). With `model.lora_push =
 "adapter"` (default) vLLM is built with its LoRA support, gets the base and the adapter at
 start-up and the adapter alone with every push after (`Learner.push_state`,
-`saorl.rollout.vllm_lora`); with `"merged"` it runs the plain model and receives
+`saorl.engines.vllm_lora`); with `"merged"` it runs the plain model and receives
 `W + (alpha / r) B A` every time (`Learner.policy_state`).
 """
 
@@ -13,11 +13,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from saorl.engines.protocol import GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import is_adapter_key, merged_copy, state_bytes
-from saorl.rollout.engine import GenerationRequest
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 from tests.vllm_tier._marks import VLLM_TIER
@@ -52,7 +52,7 @@ def _logprobs(policy, c) -> torch.Tensor:
 
 @pytest.mark.parametrize("how", ["adapter", "merged"])
 def test_lora_pushes_reach_vllm_and_match_the_learner(how):
-    from saorl.rollout.factory import build_engine
+    from saorl.engines.factory import build_engine
 
     cfg = tiny_config(*CFG, f"model.lora_push={how}")
     torch.manual_seed(0)
@@ -100,7 +100,7 @@ def test_an_adapter_push_lands_on_requests_in_flight():
     """Requests running across an adapter push continue under the new adapter (one adapter id,
     reloaded in place): the tokens labelled with the new version have the new policy's
     log-probs given their whole prefix."""
-    from saorl.rollout.factory import build_engine
+    from saorl.engines.factory import build_engine
 
     cfg = tiny_config(*CFG)
     torch.manual_seed(0)

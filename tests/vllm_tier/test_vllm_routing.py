@@ -1,6 +1,6 @@
 """MoE routing replay with the vLLM engine on a tiny random-init Qwen3-MoE (needs vLLM).
 
-vLLM records the experts it routed every position to (`saorl.rollout.vllm_moe`); the test
+vLLM records the experts it routed every position to (`saorl.engines.vllm_moe`); the test
 checks them against transformers' routing of the same weights, across a weight update that
 re-prefills running requests, and then replays them in the learner: with the learner's routers
 moved away from the engine's, and against a bfloat16 engine, replay must shrink the measured
@@ -14,10 +14,10 @@ import copy
 import pytest
 import torch
 
+from saorl.engines.protocol import GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.routing import RoutingRecorder
-from saorl.rollout.engine import GenerationRequest
 from saorl.types import Batch, Trajectory, fit_routing
 from tests.conftest import tiny_config
 from tests.vllm_tier._marks import VLLM_TIER
@@ -53,7 +53,7 @@ def _policy(seed: int):
 
 
 def _engine(policy, tok, *overrides: str):
-    from saorl.rollout.factory import build_engine
+    from saorl.engines.factory import build_engine
 
     return build_engine(tiny_config(*MOE, *ENGINE, *overrides), policy, tok, seed=0)
 

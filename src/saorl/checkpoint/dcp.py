@@ -16,7 +16,7 @@ readers share and which imports nothing of the distributed adapters.
 
 Loading runs no code from the files. DCP reads `.metadata` with plain `pickle.load` and
 non-tensor entries with `torch.load(weights_only=False)`; `SafeReader` reads the metadata
-through `saorl.checkpoint.checkpoint.read_sharded_metadata` instead (an allow-list unpickler that
+through `saorl.checkpoint.io.read_sharded_metadata` instead (an allow-list unpickler that
 also refuses non-tensor entries and storage outside the directory), and only tensors are ever saved
 here, whose bytes DCP reads with `weights_only=True`.
 """
@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from saorl.checkpoint.checkpoint import read_sharded_metadata
+from saorl.checkpoint.io import read_sharded_metadata
 from saorl.checkpoint.shards import SafeReader
 
 # Learner counters a checkpoint restores (`saorl.learner.learner.Learner.state_dict` has the same).
@@ -65,7 +65,7 @@ def save_sharded(learner: Any, folder: Path) -> dict[str, Any]:
     collective); returns the optimizers' param_groups for the checkpoint file."""
     import torch.distributed.checkpoint as dcp
 
-    from saorl.safe_io import refuse_link
+    from saorl.security.safe_io import refuse_link
 
     # DCP opens its files by name: a link planted in (or as) the folder is refused first.
     refuse_link(folder, "a checkpoint folder")
@@ -80,7 +80,7 @@ def load_sharded(learner: Any, state: dict[str, Any]) -> None:
     """Restore `learner` from a sharded checkpoint (every rank calls it: a collective).
 
     `state` holds the counters, `sharded` (the directory) and `param_groups`, as
-    `saorl.checkpoint.checkpoint.load_latest_checkpoint` returns them.
+    `saorl.checkpoint.io.load_latest_checkpoint` returns them.
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (

@@ -1,7 +1,7 @@
 """Digests that catch a damaged checkpoint: `checkpoints/step_X.sha256` beside each checkpoint.
 
 torch does not check a `.pt` archive's CRCs when it loads one, so a bit flipped on storage would
-load silently and be trained on. At save, `saorl.checkpoint.checkpoint.save_checkpoint` writes the
+load silently and be trained on. At save, `saorl.checkpoint.io.save_checkpoint` writes the
 SHA-256 of the `.pt` and of every file of its `step_X.hf/` and `step_X.dcp/` directories into
 `step_X.sha256` (the `sha256sum` format: `cd checkpoints && sha256sum -c step_X.sha256` checks
 them by hand), after the directories are in place and before the `.pt` is renamed into place.
@@ -62,7 +62,7 @@ def write_manifest(ckpt: Path, pt_file: Path) -> Path:
     ]
     entries = {ckpt.name: file_digest(pt_file), **_digests(root, names)}
     out = manifest_path(ckpt)
-    from saorl.safe_io import write_atomic
+    from saorl.security.safe_io import write_atomic
 
     write_atomic(out, "".join(f"{digest}  {name}\n" for name, digest in entries.items()))
     return out

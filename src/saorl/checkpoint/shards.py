@@ -3,8 +3,8 @@
 `saorl.checkpoint.dcp` writes and reads these checkpoints across ranks; this module is the
 part a single process needs, and imports nothing of the distributed adapters: `SafeReader`
 (DCP's file reader with the metadata read by the allow-list unpickler of
-`saorl.checkpoint.checkpoint.read_sharded_metadata`), and `open_sharded`, which the loop calls on
-what `saorl.checkpoint.checkpoint.load_latest_checkpoint` returns: for a sharded checkpoint it puts
+`saorl.checkpoint.io.read_sharded_metadata`), and `open_sharded`, which the loop calls on
+what `saorl.checkpoint.io.load_latest_checkpoint` returns: for a sharded checkpoint it puts
 `WholeEntry` mappings under `policy`, `critic`, `policy_opt` and `critic_opt`, which read their
 tensors from the directory when first used (whole tensors, optimizer state keyed by index as a plain
 optimizer's). Sharded learners read the shards themselves and never touch them.
@@ -19,7 +19,7 @@ from typing import Any
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from saorl.checkpoint.checkpoint import CheckpointError, read_sharded_metadata
+from saorl.checkpoint.io import CheckpointError, read_sharded_metadata
 
 
 class SafeReader(FileSystemReader):

@@ -431,6 +431,10 @@ BUILTIN_ENVS = (
     "openenv",
     "verifiers",
 )
+# The dataset presets shipped inside the package (`saorl.envs.data.datasets.DATASET_PRESETS`
+# holds how each is read; tests/unit/test_datasets.py checks the two agree). Named here so that
+# the trust gate can tell a preset from a path without importing the environments.
+DATASET_PRESET_NAMES = ("aime24", "aime25", "math500", "gsm8k_test")
 # The envs whose tasks come from reasoning-gym (env.rg_datasets, env.args per dataset).
 RG_ENVS = ("reasoning_gym",)
 

@@ -87,7 +87,7 @@ class RolloutConfig(_Section):
     @model_validator(mode="after")
     def _check_vllm_logprobs(self) -> RolloutConfig:
         # vLLM records log-probs either before temperature or after top-p truncation
-        # (saorl.rollout.vllm_outputs.choose_logprobs_mode): one of the two must be a no-op.
+        # (saorl.engines.vllm_outputs.choose_logprobs_mode): one of the two must be a no-op.
         if self.engine == "vllm" and self.top_p < 1 and self.temperature != 1:
             raise ValueError(
                 f"rollout.engine='vllm' with rollout.temperature={self.temperature} and "

@@ -4,14 +4,14 @@
 process, so that its decoding does not share the learner's interpreter lock.
 
 - `ProcessActor(name, factory, *args)` starts a fresh interpreter (`python -I -c`,
-  `saorl.child_python`, not
+  `saorl.security.child_python`, not
   multiprocessing's spawn, which re-imports the parent's `__main__`: a user's script without an
   `if __name__ == "__main__"` guard would run again), builds `factory(*args)` there and answers
   `call(method, *args)` over a socket pair, one call at a time. Arguments and answers travel by
   plain pickle; an exception raised in the child comes back as itself, its traceback in a note.
   A call that finds the child dead raises an `ActorFailure` naming the actor and how it ended.
   The child runs in a session of its own, so Ctrl-C in a terminal and signals to the driver's
-  process group reach the driver alone, which stops the run (`saorl.signals`) and then its
+  process group reach the driver alone, which stops the run (`saorl.run.signals`) and then its
   children; a child whose driver is gone (its end of the socket closed) exits.
 - `SharedWeights`: a policy's tensors in one memory-mapped file that every child maps too. The
   learner writes a push into it in place; a child copies what is newer than what its engine has.
@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
-from saorl.child_python import python_argv
 from saorl.distributed.ray_learner import ActorFailure
+from saorl.security.child_python import python_argv
 
 _EXIT = "__exit__"  # the message that ends a child's loop
 _ALIGN = 64  # byte alignment of each tensor in the shared file

@@ -290,9 +290,9 @@ class RolloutActor:
     def __init__(
         self, cfg: Config, cwd: str, name: str, seed: int, tokenizer: Any, limits: AgentLimits
     ) -> None:
+        from saorl.engines.factory import build_engine
         from saorl.envs.factory import build_env
         from saorl.models.loading import load_policy, resolve_device
-        from saorl.rollout.factory import build_engine
         from saorl.rollout.worker import RolloutWorker
 
         _setup_process(cfg, cwd)

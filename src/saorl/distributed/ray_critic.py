@@ -154,7 +154,7 @@ def join_critic_group(
 def read_critic_file(path: str, critic: nn.Module) -> dict[str, torch.Tensor]:
     """The `critic` weights of a `saorl value-pretrain` file, checked against `critic`'s names
     and whole shapes (what `CriticUpdater.load` finds out by loading them)."""
-    from saorl.checkpoint.checkpoint import load_state_file
+    from saorl.checkpoint.io import load_state_file
 
     if not Path(path).is_file():
         raise ConfigError(
@@ -228,7 +228,7 @@ def group_learner(
 def save_whole(leader: Any, cfg: Config, run_dir: Path, rollout_state: dict[str, Any]) -> None:
     """`Learner.save` for learner ranks with a critic group: the whole state, gathered by every
     learner rank and every critic rank (`LeaderLearner.state_dict` announces it), in one `.pt`."""
-    from saorl.checkpoint.checkpoint import save_checkpoint
+    from saorl.checkpoint.io import save_checkpoint
 
     state = {**leader.state_dict(), "torch_rng": torch.get_rng_state(), **rollout_state}
     save_checkpoint(run_dir, leader.steps, state, keep=cfg.run.keep_last_checkpoints)

@@ -10,7 +10,7 @@ policy version has moved. Ray learner actors with `ray.learner_ranks > 1` run th
 
 A SIGTERM or Ctrl-C reaches every rank (torchrun passes it on): rank 0 asks every rank once per
 step (`agree_stop`, an all-reduce of the signal each got), so all stop after the same step and
-save it together (`saorl.signals`); the other ranks only note the signal and follow rank 0.
+save it together (`saorl.run.signals`); the other ranks only note the signal and follow rank 0.
 
 Checkpoints are sharded: every rank writes its shards with torch.distributed.checkpoint into
 `checkpoints/step_X.dcp/`, then rank 0 writes the `.pt` with the counters and the rollout side
@@ -28,15 +28,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from saorl.checkpoint.checkpoint import save_checkpoint, sharded_checkpoint_path
 from saorl.checkpoint.dcp import COUNTERS, counters, load_sharded, save_sharded
+from saorl.checkpoint.io import save_checkpoint, sharded_checkpoint_path
 from saorl.config import Config, ConfigError
 from saorl.distributed.fsdp import FSDPSharding
-from saorl.evaluation.evaluation import evaluate_policy
+from saorl.evaluation.held_out import evaluate_policy
 from saorl.learner.learner import Learner
 from saorl.learner.sft import supervised_warmup
 from saorl.models.loading import replace_dir, save_pretrained
-from saorl.signals import StopSignals
+from saorl.run.signals import StopSignals
 from saorl.types import Batch
 
 
@@ -90,7 +90,7 @@ class LeaderLearner:
         return self.policy_state()
 
     def agree_stop(self, signum: int) -> int:
-        """The signal any rank got (0: none), the same on every rank (`saorl.signals`)."""
+        """The signal any rank got (0: none), the same on every rank (`saorl.run.signals`)."""
         _announce("agree_stop")
         return _agree(signum, self.device)
 

@@ -4,7 +4,7 @@
     env.agent_command = "python agent.py"  # one process per episode, any language
 
 The program owns its loop and calls the model through the training endpoint of the worker that
-runs it (`saorl.rollout.endpoint`). A function gets the task as a dict and an
+runs it (`saorl.rollout.agents.server`). A function gets the task as a dict and an
 `openai.AsyncOpenAI` bound to its episode; a command gets the task as JSON on stdin,
 `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `SAORL_WORKER` (the rollout worker's
 name) and, in a training run, `SAORL_AGENT_HOME` (`<run folder>/agents`, for the program's own
@@ -47,7 +47,7 @@ from saorl.config import ConfigError, EnvConfig
 from saorl.envs import agent_procs
 from saorl.envs.base import AgentFailure, Env, EnvSpec
 from saorl.envs.rewards import RewardEnv, load_reward_fns, task_columns
-from saorl.safe_io import make_dir
+from saorl.security.safe_io import make_dir
 
 MODEL_NAME = "policy"  # the name the endpoint serves
 AGENTS_DIR = "agents"  # in the run folder: SAORL_AGENT_HOME, the programs' own files

@@ -33,11 +33,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from saorl.child_python import module_argv
 from saorl.config import ConfigError, EnvConfig
 from saorl.envs.agent import MODEL_NAME, AgentProgram, _read_result
 from saorl.envs.base import AgentFailure, EnvSpec, TaskList
 from saorl.envs.data.files import held_out_size
+from saorl.security.child_python import module_argv
 
 RUNNER = "saorl.envs.verifiers_runner"
 # For a tokenizer without a chat template (the built-in char model): one line, no newlines

@@ -1,9 +1,4 @@
-"""Held-out evaluation (`evaluation.py`: `saorl eval` and evaluation during training) and the
-prompt templates of published math results (`prompts.py`).
-
-`saorl.evaluation.run_eval` (and every other name of `evaluation.py`) still reads from here.
+"""Held-out evaluation (`held_out.py`: `saorl eval` and evaluation during training), the
+prompt templates of published math results (`prompts.py`) and the OpenAI-compatible client that
+evaluates a model behind a server (`openai_client.py`).
 """
-
-from saorl._moved import forward
-
-__getattr__, __dir__ = forward(__name__)

@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from saorl.child_python import module_argv
 from saorl.config import Config, ConfigError, load_config
 from saorl.config.io import toml_string
 from saorl.experiments.arms import (  # noqa: F401  (re-exported: the public names of compare)
@@ -62,7 +61,8 @@ from saorl.experiments.compare_report import (  # noqa: F401
     write_compare_report,
 )
 from saorl.monitoring.metrics import METRICS_FILE
-from saorl.safe_io import make_dir, open_write, write_atomic
+from saorl.security.child_python import module_argv
+from saorl.security.safe_io import make_dir, open_write, write_atomic
 
 WARMUP_DIR = "warmup"  # OUT/warmup: the supervised warm-ups the arms share (saorl.learner.sft)
 

@@ -26,7 +26,7 @@ from saorl.config import ConfigError, load_config
 from saorl.experiments.arms import ARMS, COMPONENTS, arm_components
 from saorl.monitoring.collapse import detect_collapse, metric_series
 from saorl.monitoring.metrics import METRICS_FILE, read_metrics
-from saorl.safe_io import atomic_write, write_atomic
+from saorl.security.safe_io import atomic_write, write_atomic
 
 SUMMARY_FILE = "summary.json"
 FAILED_FILE = "failed.json"
@@ -349,7 +349,7 @@ def write_compare_report(
     still running, one that crashed, or one copied from another machine. Returns the path of
     `index.html`.
     """
-    from saorl.experiments.report import COMPARE_FILE, plot_compare, plot_compare_seeds
+    from saorl.monitoring.report import COMPARE_FILE, plot_compare, plot_compare_seeds
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

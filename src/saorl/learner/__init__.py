@@ -4,10 +4,4 @@
 - `critic_updater.py`: the critic's values, GAE and K updates;
 - `sharding.py`: how a step's work is spread over processes (one here; FSDP2 in distributed/);
 - `sft.py`, `value_pretrain.py`: supervised warm-up; critic pre-training.
-
-`saorl.learner.Learner` (and every other name of `learner.py`) still reads from here.
 """
-
-from saorl._moved import forward
-
-__getattr__, __dir__ = forward(__name__)

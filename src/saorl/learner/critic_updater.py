@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
-from saorl.checkpoint.checkpoint import load_state_file
+from saorl.checkpoint.io import load_state_file
 from saorl.config import Config, ConfigError
 from saorl.learner.sharding import MicroBatch, Sharding
 from saorl.losses import value_loss

@@ -54,10 +54,10 @@ import torch
 from torch import nn
 
 from saorl.advantages import RunningMeanBaseline, group_normalized_advantages
-from saorl.checkpoint.checkpoint import save_checkpoint
+from saorl.checkpoint.io import save_checkpoint
 from saorl.config import Config, ConfigError
 from saorl.corrections import finish_gaps, lab_keys
-from saorl.evaluation.evaluation import evaluate_policy
+from saorl.evaluation.held_out import evaluate_policy
 from saorl.learner.critic_updater import (
     CriticUpdater,
     concurrent_critic,
@@ -376,7 +376,7 @@ class Learner(PolicyUpdate):
 
     def evaluate(self, spec: EnvSpec, tokenizer: Any) -> dict[str, float]:
         """Held-out metrics of the current policy
-        (`saorl.evaluation.evaluation.evaluate_policy`)."""
+        (`saorl.evaluation.held_out.evaluate_policy`)."""
         # A fixed seed: every evaluation draws the same random numbers, so curves compare.
         seed = self.cfg.run.seed + 12345
         return evaluate_policy(self.policy, tokenizer, spec, self.cfg, seed=seed)

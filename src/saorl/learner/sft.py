@@ -29,7 +29,7 @@ from saorl.envs.base import Segments
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import lora_warmup
 from saorl.models.tokenizer import encode_prompt
-from saorl.safe_io import atomic_write, make_dir
+from saorl.security.safe_io import atomic_write, make_dir
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec

@@ -22,14 +22,14 @@ import torch
 
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.factory import build_env
-from saorl.evaluation.evaluation import run_episodes
+from saorl.evaluation.held_out import run_episodes
 from saorl.learner.learner import Learner
 from saorl.learner.sharding import StepMetrics
 from saorl.losses import value_loss
 from saorl.models.loading import load_policy, resolve_device
 from saorl.monitoring.metrics import TrainProgress
-from saorl.rollout.agent import UNTRAINABLE
-from saorl.safe_io import atomic_write
+from saorl.rollout.episode import UNTRAINABLE
+from saorl.security.safe_io import atomic_write
 from saorl.types import Batch
 
 

@@ -299,7 +299,7 @@ def save_pretrained(model: Any, tokenizer: PreTrainedTokenizerBase, path: Path) 
     a whole model (the previous one until the new one is complete).
     """
     path = Path(path)
-    from saorl.safe_io import refuse_link, temp_dir
+    from saorl.security.safe_io import refuse_link, temp_dir
 
     path.parent.mkdir(parents=True, exist_ok=True)
     refuse_link(path, "a model folder")

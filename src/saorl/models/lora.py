@@ -31,15 +31,19 @@ import contextlib
 import copy
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from saorl.config import Config, ConfigError, ModelConfig
 
-if TYPE_CHECKING:
-    from saorl.learner.sharding import Sharding
+
+class FullState(Protocol):
+    """What `onto_lora` needs of the learner's sharding (`saorl.learner.sharding.Sharding`)."""
+
+    def full_state(self, module: nn.Module, everywhere: bool = ...) -> dict[str, Any]: ...
+
 
 _BASE = ".base_layer."
 _A, _B = ".lora_A.default.weight", ".lora_B.default.weight"
@@ -197,7 +201,7 @@ def merged_copy(module: nn.Module, merge: bool = True) -> nn.Module:
 
 
 def onto_lora(
-    state: dict[str, torch.Tensor], module: nn.Module, sharding: Sharding
+    state: dict[str, torch.Tensor], module: nn.Module, sharding: FullState
 ) -> dict[str, torch.Tensor]:
     """A plain-key `state` for `module` renamed onto its LoRA layout (`X.weight` ->
     `X.base_layer.weight`), its adapters' current values added; as is without LoRA."""

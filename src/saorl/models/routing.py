@@ -8,8 +8,8 @@ experts than the ones that sampled it, and its log-prob differs from the engine'
 than rounding. DIS and PPO read that difference as policy change. Routing replay (R3 in slime,
 verl and prime-rl) records the engine's choice and makes the learner use it.
 
-- Recording (`RoutingRecorder`, used by `saorl.rollout.hf_engine`; vLLM's routers are hooked
-  by `saorl.rollout.vllm_moe`): a forward hook on every router keeps its top-k indices.
+- Recording (`RoutingRecorder`, used by `saorl.engines.hf`; vLLM's routers are hooked
+  by `saorl.engines.vllm_moe`): a forward hook on every router keeps its top-k indices.
   A trajectory carries one `(positions, moe_layers, top_k)` tensor (`Trajectory.routing`,
   int8 up to 127 experts, else int16): for every position the experts the engine routed that
   token to when it last fed it (the prefill after a weight update or at a new turn replaces

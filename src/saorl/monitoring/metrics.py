@@ -4,7 +4,7 @@ progress display.
 Every run writes `run_dir/metrics.jsonl`, one flat JSON object per `MetricsLogger.log` call with
 namespaced keys (`rollout/reward_mean`, `loss/policy`, ...; docs/design.md section 4, rule 7) and
 usually a `step` field. The file is opened in append mode so that a resumed run continues it; a
-reader therefore sees the steps after the last checkpoint twice, and `saorl.experiments.report`
+reader therefore sees the steps after the last checkpoint twice, and `saorl.monitoring.report`
 keeps the last value per (key, step). Non-finite floats are written as `null` (JSON has no NaN).
 
 `TrainProgress` shows a rich live display on a terminal; elsewhere (CI, a redirected log,
@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from saorl.safe_io import make_dir, open_write, write_atomic
+from saorl.security.safe_io import make_dir, open_write, write_atomic
 
 if TYPE_CHECKING:
     from rich.console import RenderableType

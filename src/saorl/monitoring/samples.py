@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from saorl.monitoring.metrics import MetricsLogger
-from saorl.safe_io import open_write
+from saorl.security.safe_io import open_write
 from saorl.types import Trajectory
 
 if TYPE_CHECKING:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from saorl.config import Config, ConfigError, config_to_toml
-from saorl.safe_io import make_dir, open_write, write_atomic
+from saorl.security.safe_io import make_dir, open_write, write_atomic
 
 TRACKERS_FILE = "trackers.json"
 INSTALL_HINT = "pip install 'saorl[tracking]'"

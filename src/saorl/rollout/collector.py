@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from saorl.config import ConfigError
-from saorl.rollout.agent import UNTRAINABLE
+from saorl.rollout.episode import UNTRAINABLE
 from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory

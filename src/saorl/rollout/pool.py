@@ -24,15 +24,14 @@ import torch
 from torch import nn
 
 from saorl.config import Config
+from saorl.engines.factory import build_engine
 from saorl.envs.base import EnvSpec
-from saorl.interfaces import Collected, PoolStats
 from saorl.models.lora import state_bytes
 from saorl.rollout.collector import BatchCollector
-from saorl.rollout.factory import build_engine
 from saorl.rollout.lengths import lognormal_lengths
 from saorl.rollout.resume import restore_rollouts, snapshot_rollouts
 from saorl.rollout.worker import AgentLimits, PromptFeed, RolloutWorker
-from saorl.types import Trajectory
+from saorl.types import Collected, PoolStats, Trajectory
 
 
 class PolicySource(Protocol):

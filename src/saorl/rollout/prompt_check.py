@@ -19,7 +19,7 @@ from typing import Any
 
 from saorl.config import Config, ConfigError
 from saorl.envs.base import EnvSpec, task_key
-from saorl.rollout.agent import ChatCodec
+from saorl.rollout.episode import ChatCodec
 
 SAMPLED = 8  # tasks of each split tokenized
 

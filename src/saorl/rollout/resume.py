@@ -11,7 +11,7 @@ recorded beside the learner state (`Learner.save`):
 - each engine's sampling RNG, so a synchronous run (nothing in flight at a checkpoint) resumes
   bit-for-bit (tests/faults/test_exact_resume.py).
 
-A checkpoint is loaded without running code from it (`saorl.checkpoint.checkpoint.load_state_file`),
+A checkpoint is loaded without running code from it (`saorl.checkpoint.io.load_state_file`),
 so these entries are written as plain data: a trajectory as a dict of its fields, and a task drawn
 from a list of training problems (`task.train`: datasets, coding tasks) as its index and key in
 that list. Other tasks are stored as they are and must be types the loader allows (the built-in
@@ -27,7 +27,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from saorl.checkpoint.checkpoint import CheckpointError, unsafe_globals
+from saorl.checkpoint.io import CheckpointError, unsafe_globals
 from saorl.envs.base import task_key
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory

@@ -1,7 +1,7 @@
 """Rollout worker: keeps an engine busy with episodes of fresh prompts.
 
 The worker fills the engine up to `max_concurrent` running sequences, runs decoding steps, and
-drives each episode (`saorl.rollout.agent`): a finished model turn goes to the environment; the
+drives each episode (`saorl.rollout.episode`): a finished model turn goes to the environment; the
 environment either ends the episode (a scored `Trajectory` goes to the output queue) or answers
 with observations, which are appended before the next turn is queued on the same engine. It never
 waits for a group: a trajectory is ready for the learner the moment its own episode ends.
@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from saorl.engines.protocol import Completion, Engine, GenerationRequest
 from saorl.envs.base import Env, EnvBusy, StepResult, task_key
-from saorl.rollout.agent import ChatCodec, Episode
-from saorl.rollout.engine import Completion, Engine, GenerationRequest
+from saorl.rollout.episode import ChatCodec, Episode
 from saorl.rollout.failures import failure_info
 from saorl.rollout.feed import FixedFeed as FixedFeed  # re-exported
 from saorl.rollout.feed import PromptFeed as PromptFeed
@@ -176,7 +176,7 @@ class RolloutWorker:
         self.active += 1
         if getattr(env, "drives_model", False):  # an agent program: it calls the endpoint
             if self.agents is None:
-                from saorl.rollout.agent_runs import AgentRuns
+                from saorl.rollout.agents.runs import AgentRuns
 
                 self.agents = AgentRuns(self, env)
             return self.agents.start(env, task, group_id)

@@ -170,7 +170,7 @@ class Worker:
         """
         to_worker_r, to_worker_w = os.pipe()
         from_worker_r, from_worker_w = os.pipe()
-        from saorl.child_python import module_argv
+        from saorl.security.child_python import module_argv
 
         try:
             # Isolated (`python -I`) with this process's saorl and import path passed along:

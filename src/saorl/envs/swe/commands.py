@@ -1,5 +1,5 @@
 """`saorl swe-mine` and `saorl swe-validate`: tasks mined from a repository's history, and the
-check of a SWE-bench-format task file (hooked into `saorl.cli` by `add_parsers` and `run`).
+check of a SWE-bench-format task file (hooked into `saorl.cli.main` by `add_parsers` and `run`).
 
     saorl swe-mine CHECKOUT --out tasks.jsonl [--repo NAME] [--rev REV] [--since DATE]
                    [--max-commits N] [--jobs N] [--config FILE.toml] [env.field=value ...]

@@ -49,7 +49,7 @@ from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.validate import code_hash, store_verdict, validate_task
 from saorl.envs.swe.venv import INPUTS, EnvBuildError, ensure_env
 from saorl.envs.swe.workspace import remove_tree
-from saorl.safe_io import open_write, write_atomic
+from saorl.security.safe_io import open_write, write_atomic
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 NOT_A_CANDIDATE = "does not change both code and tests"

@@ -61,7 +61,7 @@ def add_canaries(work: Path, ids: Sequence[str], n: int = 4) -> dict[str, str]:
         out[f"{rel}::{name}"] = "failed" if fails else "passed"
     if "passed" not in out.values() or "failed" not in out.values():
         return {}
-    from saorl.safe_io import open_write
+    from saorl.security.safe_io import open_write
 
     with open_write(path, "ab") as f:  # checked above; O_NOFOLLOW closes the race too
         f.write(b"\n" + code.encode())

@@ -39,7 +39,7 @@ from saorl.envs.swe.outcomes import CUT_SHORT, TOLERATED, counts_as_passing
 from saorl.envs.swe.swebench import changes_from_patch
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.venv import attach_envs
-from saorl.safe_io import write_atomic
+from saorl.security.safe_io import write_atomic
 
 VERSION = "1"
 _log = logging.getLogger(__name__)

@@ -81,7 +81,7 @@ from saorl.envs.swe.build_sandbox import (
 from saorl.envs.swe.git import git, git_argv, git_env
 from saorl.envs.swe.task import EnvSource, TaskEnv
 from saorl.envs.swe.workspace import remove_tree
-from saorl.safe_io import open_write, write_atomic
+from saorl.security.safe_io import open_write, write_atomic
 
 BUILD_VERSION = "2"  # bump when what a build produces changes: every key changes with it
 TEST_EXTRAS = ("test", "tests", "testing")

@@ -45,7 +45,7 @@ from saorl.envs.swe.gen.templates import PACKAGES, PLACEHOLDER, Template, all_te
 from saorl.envs.swe.grading import PASSING, TestRun, check_pytest, run_tests
 from saorl.envs.swe.task import SweTask
 from saorl.envs.swe.workspace import remove_tree, safe_relpath, write_files
-from saorl.safe_io import write_atomic
+from saorl.security.safe_io import write_atomic
 
 MAX_SITES_TRIED = 24  # mutation sites tried per task index before the index is skipped
 # A mutant whose test runs more lines than this hangs (the templates' tests run a few thousand).

@@ -1,4 +1,4 @@
-"""Key/value cache slots for the HF engine's continuous batching (see `saorl.rollout.hf_engine`).
+"""Key/value cache slots for the HF engine's continuous batching (see `saorl.engines.hf`).
 
 transformers' `DynamicCache` grows by concatenation, which copies the whole cache at every
 token, and it has no notion of rows joining and leaving. `SlotCache` keeps one preallocated

@@ -50,7 +50,7 @@ from saorl.checkpoint.digest import (
     write_manifest,
 )
 from saorl.faults import kill_if_armed
-from saorl.safe_io import check_dir, make_dir, refuse_link, staged
+from saorl.security.safe_io import check_dir, make_dir, refuse_link, staged
 
 _NAME = re.compile(r"^step_(\d{8})\.pt$")
 

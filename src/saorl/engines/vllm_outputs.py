@@ -1,5 +1,5 @@
 """What the vLLM engine reads from vLLM's outputs: which log-probs vLLM records, sampled
-log-probs, finish reasons, stop strings (`saorl.rollout.vllm_engine` says how the engine is
+log-probs, finish reasons, stop strings (`saorl.engines.vllm` says how the engine is
 wired)."""
 
 from __future__ import annotations

@@ -22,9 +22,9 @@ from typing import Any
 from torch import nn
 
 from saorl.config import Config, ConfigError, ModelConfig, load_config
+from saorl.engines.factory import build_engine
 from saorl.envs.base import EnvSpec, task_key
 from saorl.evaluation.prompts import prompt_template as resolve_template
-from saorl.rollout.factory import build_engine
 from saorl.rollout.failures import FailureLog
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker
 from saorl.types import Trajectory
@@ -43,7 +43,7 @@ def run_episodes(
 ) -> list[Trajectory]:
     """One episode per entry of `problems` sampled from `model`; completion order.
 
-    The engine is `rollout.engine`'s (`saorl.rollout.factory.build_engine`; the HF engine
+    The engine is `rollout.engine`'s (`saorl.engines.factory.build_engine`; the HF engine
     samples from `model` itself, no copy), with `cfg`'s sampling settings (`rollout.*`:
     temperature, top_p, max_new_tokens, stop strings added to the environment's own) and
     context (`model.max_seq_len`), at least 256 episodes at a time."""
@@ -183,7 +183,7 @@ def _load_model(model: str, cfg: ModelConfig) -> tuple[nn.Module, Any]:
     """A run directory (its `final/` policy), a checkpoint file of a run
     (`runs/NAME/checkpoints/step_X.pt`), a Hugging Face directory, or `builtin:tiny`, on
     `model.device`; `cfg` is the `[model]` section (dtype, device, built-in shape)."""
-    from saorl.checkpoint.checkpoint import CheckpointError, load_state_file
+    from saorl.checkpoint.io import CheckpointError, load_state_file
     from saorl.models.loading import load_policy, resolve_device
     from saorl.models.lora import merged_checkpoint_policy
 
@@ -280,7 +280,7 @@ def run_eval(
             bar.advance(task_id)
 
         if base_url:
-            from saorl.rollout.openai_client import chat_episode
+            from saorl.evaluation.openai_client import chat_episode
 
             def one(p: Any) -> Any:
                 ep = chat_episode(
@@ -462,7 +462,7 @@ def write_results(
     if env.name == "swe":  # SWE-bench's name for the success rate
         summary = {"resolved_rate": summary["accuracy"], **summary}
     path = Path(out) if out else default_results_path(model, name, run_dir)
-    from saorl.safe_io import write_atomic
+    from saorl.security.safe_io import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))

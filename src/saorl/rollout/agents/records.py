@@ -15,7 +15,7 @@ An agent program sends messages; the engine samples token ids. The rules (docs/a
   *segment*: a trajectory of its own with the rendered prompt as its prompt, trained with the
   episode's reward, unless its fresh prompt ids happen to extend the current segment's tokens.
 
-Each segment is an `Episode` (`saorl.rollout.agent`): its `finish` makes the `Trajectory`.
+Each segment is an `Episode` (`saorl.rollout.episode`): its `finish` makes the `Trajectory`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.rollout.agent import ChatCodec, Episode
+from saorl.rollout.episode import ChatCodec, Episode
 from saorl.types import Trajectory
 
 

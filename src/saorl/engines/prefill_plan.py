@@ -1,4 +1,4 @@
-"""How the HF engine splits a prefill into forwards (see `saorl.rollout.hf_engine`).
+"""How the HF engine splits a prefill into forwards (see `saorl.engines.hf`).
 
 A prefill runs the rows that have no key/value cache yet: requests that joined, and after a
 weight update every running row, whose keys/values the old weights computed. A forward pads

@@ -6,13 +6,13 @@ join at the next step. A long rollout therefore never holds the others back.
 
 Two ways to compute a step's logits, chosen by `kv_cache` (`rollout.kv_cache`):
 - `True` (default): a key/value cache. Running sequences hold a slot of preallocated per-layer
-  buffers (`saorl.rollout.kv_slots`), right-aligned so that every row's next key/value goes to
+  buffers (`saorl.engines.kv_slots`), right-aligned so that every row's next key/value goes to
   the same column: a step feeds each row its last sampled token in one forward (attention
   mask over the cache, per-sequence position ids) and writes one column in place, with no
   copy of the cache.
   Requests that join are prefilled in the same step and copied into free slots; a retired
   row's slot is refilled by moving the last row into it. Rows to prefill are grouped by length,
-  one forward per group (`saorl.rollout.prefill_plan`), so that a long row does not pad many
+  one forward per group (`saorl.engines.prefill_plan`), so that a long row does not pad many
   short ones to its width; each group is right-padded with no attention mask, so the model
   runs its plain causal attention kernel rather than a masked one (`_prefill`).
 - `False`: the reference. Every step re-encodes the whole of every running sequence
@@ -57,43 +57,24 @@ import copy
 import inspect
 import threading
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from saorl.engines.kv_slots import SlotCache
+from saorl.engines.prefill_plan import plan_prefill
+from saorl.engines.protocol import Completion, GenerationRequest, run_to_completion
+from saorl.engines.requests import Running, abort_running, check_fits, token_budget
 from saorl.models.lora import AdapterMerger, has_lora, is_adapter_key, merged_copy
 from saorl.models.routing import RoutingRecorder
-from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
-from saorl.rollout.kv_slots import SlotCache
-from saorl.rollout.prefill_plan import plan_prefill
 
 
 @dataclass
-class _Running:
-    request: GenerationRequest
-    budget: int
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
+class _Running(Running):
     slot: int = -1  # row of the KV cache holding this sequence; -1 = none (prefill next step)
-    routing: list[torch.Tensor] = field(default_factory=list)  # recorded, one chunk per forward
-
-    def ids(self) -> list[int]:
-        return self.request.prompt_ids + self.tokens
-
-    def completion(self, reason: str) -> Completion:
-        routing = torch.cat(self.routing).cpu() if self.routing else None
-        return Completion(
-            self.request,
-            self.tokens,
-            self.logprobs,
-            self.versions,
-            reason,  # type: ignore[arg-type]
-            routing=routing,
-        )
 
 
 class HFEngine:
@@ -164,11 +145,7 @@ class HFEngine:
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
-        if len(request.prompt_ids) >= self.max_seq_len:
-            raise ValueError(
-                f"prompt of {len(request.prompt_ids)} tokens does not fit the context of "
-                f"{self.max_seq_len} tokens (model.max_seq_len)"
-            )
+        check_fits(request, self.max_seq_len)
         with self._lock:
             self._queue.append(request)
 
@@ -181,7 +158,7 @@ class HFEngine:
     def abort_all(self) -> list[Completion]:
         """Stop every queued and running request; running ones return as `aborted`."""
         with self._lock:
-            out = [r.completion("aborted") for r in self._running]
+            out = abort_running(self._running)
             self._running.clear()
             self._queue.clear()
             self._drop_cache()
@@ -257,8 +234,7 @@ class HFEngine:
             self._apply_pending_weights()
             while self._queue and len(self._running) < self.max_concurrent:
                 req = self._queue.popleft()
-                budget = min(req.max_new_tokens, self.max_seq_len - len(req.prompt_ids))
-                self._running.append(_Running(req, budget))
+                self._running.append(_Running(req, token_budget(req, self.max_seq_len)))
             if not self._running:
                 return []
             with torch.inference_mode():
@@ -293,7 +269,7 @@ class HFEngine:
         if self._kv.n:
             parts.append(self._decode())
         new = [r for r in self._running if r.slot < 0]
-        # Grouped by length (`saorl.rollout.prefill_plan`), longest first: one padded forward
+        # Grouped by length (`saorl.engines.prefill_plan`), longest first: one padded forward
         # per group, each group's rows taking the next slots, so logits stay in slot order.
         for group in plan_prefill([len(r.request.prompt_ids) + len(r.tokens) for r in new]):
             parts.append(self._prefill([new[i] for i in group]))
@@ -414,9 +390,7 @@ class HFEngine:
         still: list[_Running] = []
         done_slots: list[int] = []
         for r, tok, lp in zip(self._running, ids_l, logp_l, strict=True):
-            r.tokens.append(tok)
-            r.logprobs.append(lp)
-            r.versions.append(self.version)
+            r.absorb((tok,), (lp,), self.version)
             reason = self._finish_reason(r, tok)
             if reason is None:
                 still.append(r)

@@ -23,9 +23,9 @@ from collections import Counter
 from typing import Any
 
 from saorl.envs.base import AgentFailure, task_key
-from saorl.rollout.agent import Episode
-from saorl.rollout.agent_record import AgentSession
-from saorl.rollout.endpoint import TrainingEndpoint
+from saorl.rollout.agents.records import AgentSession
+from saorl.rollout.agents.server import TrainingEndpoint
+from saorl.rollout.episode import Episode
 from saorl.rollout.failures import failure_info
 
 # The longest a call is held for others before it goes to the engine, in engine steps.

@@ -20,7 +20,7 @@ How it is wired, and why:
   (q/k/v -> qkv_proj, tied lm_head) and re-runs post-load processing (CPU GEMM prepacking,
   quantization), copying into the original storages (vLLM does so to keep CUDA graphs valid;
   only the eager CPU path is tested here). A LoRA policy's pushes are its adapter alone, served
-  through vLLM's LoRA support (`saorl.rollout.vllm_lora`).
+  through vLLM's LoRA support (`saorl.engines.vllm_lora`).
 - **In-flight requests across an update** keep their tokens and continue under the new weights.
   With `recompute_kv` (default, as the HF engine does) they are preempted and re-prefilled, so
   a token labelled version v was sampled from exactly policy v given its whole prefix; without
@@ -32,7 +32,7 @@ How it is wired, and why:
   aborted in vLLM; vLLM itself runs with `skip_tokenizer_init` and never sees text.
 - **Seeds.** Every request gets its own seed (`request_seed`): sampling never draws from the
   process-wide RNGs, and a request's random stream does not depend on what else is running.
-- **MoE** (`saorl.rollout.vllm_moe`): expert weights are prepacked again after each push
+- **MoE** (`saorl.engines.vllm_moe`): expert weights are prepacked again after each push
   (vLLM's CPU reload leaves them unpacked); with `record_routing` (`algorithm.routing_replay`)
   the routing is captured from vLLM's routers (that module says why not vLLM's own option).
 """
@@ -44,25 +44,25 @@ import random
 import shutil
 import tempfile
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
-from saorl.models.lora import has_lora, merged_state
-from saorl.models.routing import routers_or_error
-from saorl.rollout import vllm_moe
-from saorl.rollout.engine import Completion, GenerationRequest, run_to_completion
-from saorl.rollout.vllm_lora import VLLMAdapter, split_push
-from saorl.rollout.vllm_outputs import (
+from saorl.engines import vllm_moe
+from saorl.engines.protocol import Completion, GenerationRequest, run_to_completion
+from saorl.engines.requests import Running, abort_running, check_fits, token_budget
+from saorl.engines.vllm_lora import VLLMAdapter, split_push
+from saorl.engines.vllm_outputs import (
     choose_logprobs_mode,
     finish_reason,
     sampled_logprobs,
     stop_string_hit,
 )
+from saorl.models.lora import has_lora, merged_state
+from saorl.models.routing import routers_or_error
 
 INSTALL_HINT = (
     "rollout.engine = 'vllm' needs vLLM: `pip install -e '.[vllm]'` on a CUDA machine, or "
@@ -77,29 +77,9 @@ def request_seed(engine_seed: int, counter: int) -> int:
 
 
 @dataclass
-class _Running:
-    request: GenerationRequest
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    routing: list[vllm_moe.Chunk] = field(default_factory=list)  # recorded by forward, in order
-
-    def absorb(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
-        """Append one step's delta; all of it was sampled under `version`."""
-        self.tokens.extend(int(t) for t in token_ids)
-        self.logprobs.extend(logprobs)
-        self.versions.extend([version] * len(token_ids))
-
-    def completion(self, reason: str) -> Completion:
-        routing = vllm_moe.assemble(self.routing, len(self.request.prompt_ids) + len(self.tokens))
-        return Completion(
-            self.request,
-            self.tokens,
-            self.logprobs,
-            self.versions,
-            reason,  # type: ignore[arg-type]
-            routing=routing,
-        )
+class _Running(Running):
+    def routing_of(self) -> torch.Tensor | None:  # chunks recorded by forward, in order
+        return vllm_moe.assemble(self.routing, len(self.request.prompt_ids) + len(self.tokens))
 
 
 class VLLMEngine:
@@ -176,7 +156,7 @@ class VLLMEngine:
         lora_adapter: bool = True,
     ) -> VLLMEngine:
         """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
-        `record_routing`: completions carry the MoE routing (`saorl.rollout.vllm_moe`);
+        `record_routing`: completions carry the MoE routing (`saorl.engines.vllm_moe`);
         `lora_adapter`: a LoRA policy's adapter served by vLLM's LoRA support, else merged."""
         mode = choose_logprobs_mode(temperature, top_p)
         if record_routing:
@@ -248,12 +228,8 @@ class VLLMEngine:
 
     # -- requests ---------------------------------------------------------------------------
     def add_request(self, request: GenerationRequest) -> None:
-        if len(request.prompt_ids) >= self.max_seq_len:
-            raise ValueError(
-                f"prompt of {len(request.prompt_ids)} tokens does not fit the context of "
-                f"{self.max_seq_len} tokens (model.max_seq_len)"
-            )
-        budget = min(request.max_new_tokens, self.max_seq_len - len(request.prompt_ids))
+        check_fits(request, self.max_seq_len)
+        budget = token_budget(request, self.max_seq_len)
         with self._lock:
             self._counter += 1
             rid = str(self._counter)
@@ -265,7 +241,7 @@ class VLLMEngine:
             )
             lora = {"lora_request": self._adapter.request} if self._adapter else {}
             self._llm.add_request(rid, self._make_prompt(list(request.prompt_ids)), params, **lora)
-            self._running[rid] = _Running(request)
+            self._running[rid] = _Running(request, budget)
 
     def num_unfinished(self) -> int:
         return len(self._running)
@@ -276,7 +252,7 @@ class VLLMEngine:
     def abort_all(self) -> list[Completion]:
         """Stop every running request; each returns as `aborted` with the tokens it has."""
         with self._lock:
-            out = [r.completion("aborted") for r in self._running.values()]
+            out = abort_running(list(self._running.values()))
             if self._running:
                 self._llm.abort_request(list(self._running))
             self._running.clear()

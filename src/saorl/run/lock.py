@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from saorl.config import Config, ConfigError, config_to_toml
-from saorl.safe_io import check_dir, check_owned_file, refuse_link
+from saorl.security.safe_io import check_dir, check_owned_file, refuse_link
 
 LOCK_FILE = ".saorl.lock"
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import Config, ConfigError, load_config, parse_override
-from saorl.config.env import BUILTIN_ENVS
+from saorl.config.env import BUILTIN_ENVS, DATASET_PRESET_NAMES
 
 FLAG = "--trust-remote-code"
 # What `--trust-remote-code` adds to the command line's overrides: a model directory's code too.
@@ -102,9 +102,7 @@ GATED = {
 
 
 def _dataset_presets() -> tuple[str, ...]:
-    from saorl.envs.data.datasets import DATASET_PRESETS
-
-    return ("", *DATASET_PRESETS)
+    return ("", *DATASET_PRESET_NAMES)
 
 
 # Values of a gated field that name nothing outside saorl (besides its default).

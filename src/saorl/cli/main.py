@@ -17,7 +17,7 @@ when a run starts; `saorl report` imports matplotlib only when it draws. Exit co
 1 `saorl compare` finished but some arm failed (the report still lists it), 2 bad command line,
 config, input file or run directory (message on stderr, no traceback; also a run folder another
 process writes, a full disk), 3 training stopped because too many steps in a row had a NaN/Inf
-gradient, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (`saorl.signals`: after a checkpoint).
+gradient, 130 / 143 stopped by SIGINT (Ctrl-C) / SIGTERM (`saorl.run.signals`: after a checkpoint).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from saorl import api
-from saorl.cli_parser import build_parser
+from saorl.cli.parser import build_parser
 from saorl.config import Config, ConfigError, config_to_toml, describe_config
 from saorl.envs.swe import commands as swe_commands
 from saorl.monitoring.terminal import escaped_output, printable
-from saorl.trust import FLAG, load_trusted
+from saorl.security.trust import FLAG, load_trusted
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -119,10 +119,10 @@ def _train(args: argparse.Namespace) -> int:
         sys.stdout.write(config_to_toml(cfg))
         return 0
 
-    from saorl import run_lock
-    from saorl.checkpoint.checkpoint import list_checkpoints
+    from saorl.checkpoint.io import list_checkpoints
     from saorl.learner.learner import NonFiniteError
-    from saorl.signals import SignalExit, exit_code, stopped_message
+    from saorl.run import lock as run_lock
+    from saorl.run.signals import SignalExit, exit_code, stopped_message
 
     if args.resume is not None and not list_checkpoints(Path(args.resume)):
         # Refused before anything runs: a folder that is no run is left exactly as it was.
@@ -188,7 +188,7 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from saorl.experiments.report import (  # matplotlib: when drawing
+    from saorl.monitoring.report import (  # matplotlib: when drawing
         REPORT_FILE,
         report_run,
         report_runs,
@@ -298,7 +298,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 def _eval_headline(model: str, cfg: Config, summary: dict[str, Any], seconds: float) -> str:
     """The last line of `saorl eval`: the task, the score, how many problems, how long."""
-    from saorl.evaluation.evaluation import task_name
+    from saorl.evaluation.held_out import task_name
 
     k = summary.get("k", 1)
     score = f"avg@{k} {summary.get(f'avg@{k}', 0.0):.3f}"

@@ -14,7 +14,7 @@ layer routed it to when vLLM last computed it, `-1` where it never did (the last
 vLLM 0.32's own option, `enable_return_routed_experts`, is not used: it needs the V2 model
 runner, which needs Triton, and the CPU build refuses it ("AuxOutput Connector requires Model
 Runner V2", then "Model Runner V2 requires Triton"), so no test here could run it. The engine
-runs in this process (see `saorl.rollout.vllm_engine`), so the recorder instead sets the capture
+runs in this process (see `saorl.engines.vllm`), so the recorder instead sets the capture
 callback every vLLM MoE router offers (`BaseRouter.set_capture_fn`, called with the top-k expert
 ids of each forward, the hook vLLM's own capturer binds) and, at the first MoE layer of each
 forward, reads from the V1 model runner which request each token row belongs to (`input_batch`:

@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from saorl.config import Config
-from saorl.rollout.engine import Engine
+from saorl.engines.protocol import Engine
 
 
 def build_engine(
@@ -30,43 +30,34 @@ def build_engine(
     owns it); the vLLM engine always holds weights of its own. `max_concurrent`: instead of
     `rollout.max_concurrent`."""
     rc = cfg.rollout
-    concurrent = rc.max_concurrent if max_concurrent is None else max_concurrent
+    common = dict(  # what every engine takes
+        max_seq_len=cfg.model.max_seq_len,
+        temperature=rc.temperature,
+        top_p=rc.top_p,
+        max_concurrent=rc.max_concurrent if max_concurrent is None else max_concurrent,
+        seed=seed,
+        version=version,
+        record_routing=cfg.algorithm.routing_replay,
+        lora_adapter=cfg.model.lora_push == "adapter",
+    )
     if rc.engine == "hf":
-        from saorl.rollout.hf_engine import HFEngine
+        from saorl.engines.hf import HFEngine
 
         return HFEngine(
-            policy,
-            tokenizer,
-            max_seq_len=cfg.model.max_seq_len,
-            temperature=rc.temperature,
-            top_p=rc.top_p,
-            max_concurrent=concurrent,
-            seed=seed,
-            version=version,
-            kv_cache=rc.kv_cache,
-            copy_model=not share_model,
-            record_routing=cfg.algorithm.routing_replay,
-            lora_adapter=cfg.model.lora_push == "adapter",
+            policy, tokenizer, kv_cache=rc.kv_cache, copy_model=not share_model, **common
         )
     elif rc.engine == "vllm":
-        from saorl.rollout.vllm_engine import VLLMEngine
+        from saorl.engines.vllm import VLLMEngine
 
         return VLLMEngine.from_policy(
             policy,
             tokenizer,
-            max_seq_len=cfg.model.max_seq_len,
-            temperature=rc.temperature,
-            top_p=rc.top_p,
-            max_concurrent=concurrent,
-            seed=seed,
-            version=version,
             dtype=cfg.model.dtype,
             gpu_memory_utilization=rc.vllm_gpu_memory_utilization,
             kv_cache_gib=rc.vllm_kv_cache_gib,
             enforce_eager=rc.vllm_enforce_eager,
             recompute_kv=rc.vllm_recompute_kv_on_update,
-            record_routing=cfg.algorithm.routing_replay,
             trust_remote_code=cfg.model.trust_remote_code,
-            lora_adapter=cfg.model.lora_push == "adapter",
+            **common,
         )
     raise ValueError(f"rollout.engine: unknown engine {rc.engine!r}")

@@ -1,4 +1,4 @@
-"""The `saorl` command line's argument parser: every command, flag and help text (`saorl.cli`
+"""The `saorl` command line's argument parser: every command, flag and help text (`saorl.cli.main`
 runs the commands). Imports nothing heavy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 from saorl import __version__
 from saorl.envs.swe import commands as swe_commands
-from saorl.trust import FLAG
+from saorl.security.trust import FLAG
 
 _TRAIN_EPILOG = """\
 overrides are section.field=value, applied after --config, later ones winning; a value is

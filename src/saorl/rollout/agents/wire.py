@@ -1,4 +1,4 @@
-"""The wire formats of the training endpoint (`saorl.rollout.endpoint`): OpenAI chat
+"""The wire formats of the training endpoint (`saorl.rollout.agents.server`): OpenAI chat
 completions (checking a request, parsing the model's tool calls back into `tool_calls`, the
 response bodies, whole or as server-sent-event chunks) and vLLM's token-in, token-out
 `/inference/v1/generate` (`check_generate`, `generate_body`).
@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.toolcalls import ToolCall, ToolCallError, _call_from_payload, _loads
+from saorl.toolcalls import ToolCall, ToolCallError, call_from_payload, loads_lenient
 
 
 class ApiError(Exception):
@@ -157,7 +157,7 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
                 if isinstance(payload, dict) and "parameters" in payload
                 else "arguments"
             )
-            call = _call_from_payload(payload, key)
+            call = call_from_payload(payload, key)
             if isinstance(call, ToolCallError):
                 return text, []
             calls.append(call)
@@ -166,7 +166,7 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
         return "", calls
     calls, kept, last = [], [], 0
     for match in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
-        call = _call_from_payload(_loads(match.group(1).strip()), "arguments")
+        call = call_from_payload(loads_lenient(match.group(1).strip()), "arguments")
         if isinstance(call, ToolCall):
             calls.append(call)
             kept.append(text[last : match.start()])

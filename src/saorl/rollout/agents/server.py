@@ -42,9 +42,9 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from saorl.rollout.agent import ChatCodec
-from saorl.rollout.agent_record import AgentSession
-from saorl.rollout.endpoint_api import (
+from saorl.engines.protocol import Completion
+from saorl.rollout.agents.records import AgentSession
+from saorl.rollout.agents.wire import (
     ApiError,
     ChatRequest,
     GenerateRequest,
@@ -59,7 +59,7 @@ from saorl.rollout.endpoint_api import (
     served_models,
     tool_call_dicts,
 )
-from saorl.rollout.engine import Completion
+from saorl.rollout.episode import ChatCodec
 
 # (prompt ids, max new tokens or None, stop strings) -> the engine's completion, later
 Submit = Callable[[list[int], int | None, list[str]], concurrent.futures.Future]

@@ -99,7 +99,7 @@ def save_figure(fig: Any, out_png: Path) -> Path:
     """Write `fig` as a PNG to `out_png` (parents created) without following a link there."""
     import io
 
-    from saorl.safe_io import write_atomic
+    from saorl.security.safe_io import write_atomic
 
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
