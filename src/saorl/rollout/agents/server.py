@@ -2,7 +2,7 @@
 own engine, so agent programs' calls are batched with everything else the engine decodes.
 
     GET  /v1/models                      the served model names and the context length
-    POST /v1/chat/completions            one model turn of an episode (`endpoint_api` lists
+    POST /v1/chat/completions            one model turn of an episode (`wire.py` lists
                                          the honoured fields)
     POST /inference/v1/generate          one model turn as token ids in, token ids and their
                                          log-probs out (vLLM's token route; verifiers'
@@ -85,7 +85,7 @@ class TrainingEndpoint:
         call_timeout_s: float = 600.0,
     ) -> None:
         self.submit, self.tokenizer, self.context_len = submit, tokenizer, context_len
-        self.body_limit = body_limit(context_len)  # bytes of a request body (endpoint_api)
+        self.body_limit = body_limit(context_len)  # bytes of a request body (wire.py)
         self.codec = ChatCodec(tokenizer)
         self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
