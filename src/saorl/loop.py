@@ -423,6 +423,8 @@ def _rollout_metrics(
     if tools:
         calls = [t.info.get("tool_calls", 0) for t in got.trajectories]
         out["rollout/tool_calls_mean"] = sum(calls) / len(calls)
+        bad = sum(t.info.get("tool_calls_bad", 0) for t in got.trajectories)
+        out["rollout/tool_calls_bad_frac"] = bad / max(sum(calls), 1)
     # `env.reward_fns`: each function's mean over the trajectories it scored (not None);
     # agent programs' `agent/*` counts and metrics alike, verifiers' `env/*` metrics
     scored: dict[str, list[float]] = {}

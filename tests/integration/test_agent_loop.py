@@ -230,3 +230,55 @@ def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
         [t for t, m in zip(traj.completion_ids, traj.loss_mask, strict=True) if m]
     )
     assert masked_text == "".join(turns)
+
+
+def test_calls_the_env_cannot_run_are_counted_and_reported():
+    """A malformed call and a call to an unknown tool count in `tool_calls_bad` (the run's
+    `rollout/tool_calls_bad_frac`, the evaluation's `eval/tool_calls_bad_frac`); a call that
+    runs does not, whatever its program prints."""
+    from saorl.envs.math.tool import MathToolEnv
+    from saorl.evaluation.held_out import summarize
+
+    plain = build_char_tokenizer(with_newlines=True)
+
+    @dataclass(frozen=True)
+    class P:
+        prompt: str = "What is 1?"
+        answer: str = "1"
+        key: str = "p"
+
+    class OneTask:
+        @staticmethod
+        def sample(rng):
+            return P()
+
+    turns = [
+        "<tool_call>{not json</tool_call>",
+        '<tool_call>{"name": "calc", "arguments": {}}</tool_call>',
+        '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
+        "\\boxed{1}",
+    ]
+    out: queue.Queue = queue.Queue()
+    limits = AgentLimits(
+        max_seq_len=2048, max_new_tokens=80, max_turns=5, max_tool_calls=4, stop=("</tool_call>",)
+    )
+    worker = RolloutWorker(
+        ScriptedEngine(plain, turns, eos=False),
+        PromptFeed(OneTask(), random.Random(0), 1, 1),
+        plain,
+        out,
+        lambda: MathToolEnv(fmt="hermes", grader=lambda r, a: float(f"\\boxed{{{a}}}" in r)),
+        limits,
+    )
+    worker.fill()
+    deadline = time.monotonic() + 60
+    while out.empty() and time.monotonic() < deadline:
+        worker.step()
+        time.sleep(0.005)
+    worker.stop_thread()
+    traj = out.get_nowait()
+    assert traj.stop_reason == "answer", traj.info.get("error")
+    assert traj.info["tool_calls"] == 3
+    assert traj.info["tool_calls_bad"] == 2
+    metrics = summarize([traj])
+    assert metrics["eval/tool_calls_bad_frac"] == pytest.approx(2 / 3)

@@ -137,6 +137,9 @@ def summarize(trajs: list[Trajectory], prefix: str = "eval/") -> dict[str, float
         f"{prefix}tool_calls_mean": sum(t.info.get("tool_calls", 0) for t in trajs) / n,
         f"{prefix}turns_mean": sum(t.info.get("turns", 0) for t in trajs) / n,
     }
+    calls = sum(t.info.get("tool_calls", 0) for t in trajs)
+    bad = sum(t.info.get("tool_calls_bad", 0) for t in trajs)
+    out[f"{prefix}tool_calls_bad_frac"] = bad / max(calls, 1)
     reasons: dict[str, int] = defaultdict(int)
     for t in trajs:
         reasons[t.stop_reason] += 1
@@ -176,6 +179,7 @@ def evaluate_policy(
     metrics["eval/accuracy_greedy"] = summarize(greedy)["eval/accuracy"]
     if not spec.max_tool_calls:  # a task without tools: the count is always 0
         metrics.pop("eval/tool_calls_mean")
+        metrics.pop("eval/tool_calls_bad_frac")
     return metrics
 
 

@@ -33,6 +33,9 @@ from saorl.rollout.feed import FixedFeed as FixedFeed  # re-exported
 from saorl.rollout.feed import PromptFeed as PromptFeed
 from saorl.types import Trajectory
 
+# `tool_status` values of a tool call the env could not run as written.
+BAD_CALLS = ("malformed", "unknown_tool")
+
 
 @dataclass
 class AgentLimits:
@@ -236,6 +239,10 @@ class RolloutWorker:
         ep.reward += result.reward
         ep.info.update(result.info)
         ep.tool_calls += int(bool(result.info.get("tool_call")))
+        # A call the env could not run as written (bad JSON, an unknown tool): counted, so a
+        # run shows whether its model learns the call format (`rollout/tool_calls_bad_frac`).
+        if result.info.get("tool_status") in BAD_CALLS:
+            ep.info["tool_calls_bad"] = ep.info.get("tool_calls_bad", 0) + 1
         if ep.cut:  # scored as it stands (score_truncated); the model cannot go on
             return self._emit(ep, ep.cut)
         if result.done:
