@@ -44,10 +44,10 @@ from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.envs.arithmetic import ArithmeticTask, Problem
+from saorl.learner.optim import adamw
 from saorl.learner.sft import encode_demos, sft_step
 from saorl.losses import dis_policy_loss, value_loss
 from saorl.models.critic import Critic, freeze_attention
-from saorl.models.loading import adamw
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.engine import GenerationRequest

@@ -47,10 +47,11 @@ from torch import nn
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.checkpoint.checkpoint import load_state_file
 from saorl.config import Config, ConfigError
+from saorl.learner.optim import critic_optimizer
 from saorl.learner.sharding import MicroBatch, Sharding
 from saorl.losses import value_loss
 from saorl.models.critic import Critic, critic_source, freeze_attention
-from saorl.models.loading import compute_precision, critic_optimizer
+from saorl.models.loading import compute_precision
 from saorl.models.lora import onto_lora
 from saorl.models.packing import plan_token_micro_batches
 from saorl.types import Batch
