@@ -101,9 +101,9 @@ class Learner:
         sharding: Sharding | None = None,
         critic: Any = None,
     ) -> None:
-        # critic.concurrent = "auto" decided once, here, for everything built below.
-        on, self.critic_concurrent_why = concurrent_critic(cfg, device)
-        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": on})})
+        # critic.concurrent = "auto" decided once, here, for everything built below; the
+        # decision and its reason are reported (the run's summary), the config keeps "auto".
+        self.critic_concurrent, self.critic_concurrent_why = concurrent_critic(cfg, device)
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()
@@ -111,8 +111,9 @@ class Learner:
         self.policy = policy.to(device)
         if critic is None:
             # It copies the policy's backbone: built before the policy is sharded or gets LoRA.
-            sh = self.sharding.for_critic() if cfg.critic.concurrent else self.sharding
-            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh)
+            on = self.critic_concurrent
+            sh = self.sharding.for_critic() if on else self.sharding
+            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh, on)
         self.critic_updater = critic
         add_lora(self.policy, cfg, "model")  # after the critic copied the plain backbone
         self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
