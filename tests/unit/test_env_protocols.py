@@ -222,3 +222,26 @@ def test_wrappers_declare_what_they_wrap(wrap, inline):
     assert Ends.ended == 1
     assert EnvTraits.of(wrap(Inline())).inline is inline
     assert not EnvTraits.of(wrap(Plain())).inline  # undeclared: offloaded, wrapped or not
+
+
+def test_an_env_class_declares_stop_and_demo_or_gets_none():
+    from saorl.config import EnvConfig
+    from saorl.envs.custom import register_object
+    from saorl.envs.factory import build_env
+
+    class Bare(Plain):
+        @classmethod
+        def tasks(cls):
+            return [Q("1+1")], [Q("2+2")]
+
+    class Full(Bare):
+        stop = (";",)
+
+        @staticmethod
+        def demo(task, rng):
+            return [("1+1=", False), ("2", True)]
+
+    bare = build_env(EnvConfig(name=register_object(Bare)))
+    full = build_env(EnvConfig(name=register_object(Full)))
+    assert (bare.stop, bare.demo) == ((), None)
+    assert full.stop == (";",) and full.demo is Full.demo

@@ -101,6 +101,22 @@ class DrivesModel(Protocol):
     ) -> tuple[float, dict[str, Any]]: ...
 
 
+@runtime_checkable
+class HasStop(Protocol):
+    """An env class's `stop` (`env.name = "file.py:MyEnv"`): strings that end a model turn,
+    its `EnvSpec.stop`."""
+
+    stop: Sequence[str]
+
+
+@runtime_checkable
+class HasDemo(Protocol):
+    """An env class's `demo(task, rng)` (a static method): a warm-up demonstration as
+    segments, its `EnvSpec.demo`."""
+
+    def demo(self, task: Any, rng: random.Random) -> Segments: ...
+
+
 def tool_schemas(env: Any) -> list[dict] | None:
     """The tool schemas `env` declares now (`HasTools`; read after `reset`), or None."""
     return (list(env.tools) or None) if isinstance(env, HasTools) else None
