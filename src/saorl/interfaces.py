@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from saorl.envs.base import EnvSpec
@@ -74,6 +74,14 @@ class Learner(Protocol):
     def close(self) -> None:
         """Release processes, actors and process groups this learner holds."""
         ...
+
+
+@runtime_checkable
+class AgreesStop(Protocol):
+    """A learner over several ranks (torchrun's `LeaderLearner`): `agree_stop(signum)` combines
+    the signal every rank got, so that all stop after the same step (`saorl.signals`)."""
+
+    def agree_stop(self, signum: int) -> int: ...
 
 
 @dataclass

@@ -25,6 +25,8 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Self
 
+from saorl.interfaces import AgreesStop
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -105,11 +107,11 @@ class StopSignals:
         _thread.interrupt_main(self.signum or signal.SIGTERM)  # runs `_handle` in the main thread
 
     def requested(self, learner: Any = None) -> int:
-        """The signal that asks for a stop (0: none). A learner with `agree_stop` (torchrun)
-        combines every rank's, so that all ranks stop after the same step."""
-        agree = getattr(learner, "agree_stop", None)
+        """The signal that asks for a stop (0: none). A learner that declares `agree_stop`
+        (`saorl.interfaces.AgreesStop`, torchrun) combines every rank's, so that all ranks stop
+        after the same step."""
         mine = self.signum or 0
-        got = agree(mine) if agree is not None else mine
+        got = learner.agree_stop(mine) if isinstance(learner, AgreesStop) else mine
         if got and self.signum is None:  # another rank's signal: say so here too
             self.signum = got
         return got
