@@ -3,7 +3,9 @@
 An environment speaks text and chat messages, never tokens: the agent loop alone owns
 tokenization and the chat template. `reset(task)` returns the opening messages; `step(action)`
 takes the text of one model turn and returns what the environment says back (tool output as
-messages), the reward and whether the episode is over.
+messages), the reward and whether the episode is over. What an environment may add (where its
+steps run, tools, a hook at the episode's end, a server's room, driving the model itself) is a
+declared `runtime_checkable` protocol each, read by `isinstance`, never probed by name.
 
 An `EnvSpec` is everything the loop needs from a task: training problems (`task.sample(rng)`),
 the held-out set (`task.held_out`), a fresh environment per episode, the episode budgets and

@@ -226,7 +226,8 @@ class RolloutWorker:
             ep.info.update(failure_info("reset", e))
             return self._emit(ep, "env_error")
         tools = tool_schemas(env)  # for the template
-        ep = self._episode(env, traits, task, group_id, messages, tools)
+        ids = self.codec.prompt_ids(messages, tools)
+        ep = self._episode(env, traits, task, group_id, list(messages), ids, tools)
         self.episodes[id(ep)] = ep
         if len(ep.prompt_ids) >= self.limits.max_seq_len:
             ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
@@ -240,12 +241,12 @@ class RolloutWorker:
         task: Any,
         group_id: int,
         messages: list | None = None,
+        ids: list[int] | None = None,
         tools: list[dict] | None = None,
     ) -> Episode:
-        """A stepped episode (its prompt encoded when there are `messages`), its env's traits
-        kept for its steps and its end."""
-        ids = self.codec.prompt_ids(messages, tools) if messages is not None else []
-        ep = Episode(env, task, list(messages or []), ids, group_id=group_id, tools=tools)
+        """A stepped episode (empty: one that failed to start), its env's traits kept for its
+        steps and its end."""
+        ep = Episode(env, task, messages or [], ids or [], group_id=group_id, tools=tools)
         self.traits[id(ep)] = traits
         return ep
 
