@@ -46,10 +46,10 @@ from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.engines.hf import HFEngine
 from saorl.engines.protocol import GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask, Problem
+from saorl.learner.optim import adamw
 from saorl.learner.sft import encode_demos, sft_step
 from saorl.losses import dis_policy_loss, value_loss
 from saorl.models.critic import Critic, freeze_attention
-from saorl.models.loading import adamw
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.types import Batch, Trajectory

@@ -78,10 +78,18 @@ class Learner(Protocol):
 class RolloutPool(Protocol):
     """Rollout workers that turn admitted prompts into finished trajectories."""
 
-    def start(self, spec: EnvSpec, feed: PromptFeed, resumed: dict[str, Any] | None) -> None:
+    def start(
+        self,
+        spec: EnvSpec,
+        feed: PromptFeed,
+        resumed: dict[str, Any] | None,
+        run_dir: Path | None = None,
+    ) -> None:
         """Start the workers on tasks from `feed`, with engines at the learner's weights.
 
         `resumed` is a checkpoint whose rollout entries (`snapshot`) are put back first.
+        `run_dir`: the run's folder, for workers that build their environments themselves
+        (in other processes: `saorl.envs.factory.build_env`'s `run_dir`).
         """
         ...
 

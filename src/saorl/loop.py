@@ -89,7 +89,8 @@ def _train(
     warn_tiny_model(cfg)  # the built-in model on a task it cannot know
     # The run folder, locked against a second writer until the run ends (`saorl.run.lock`)
     run_dir = held.enter_context(claim_run_dir(Path(cfg.run.output_dir), cfg.run.name, resume))
-    cfg.env._run_dir = str(run_dir.resolve())  # agent programs' own files go in it (envs/agent.py)
+    if cfg.env.name == "agent":  # its programs keep their own files in the run folder
+        spec = build_env(cfg.env, run_dir=run_dir.resolve())
     prompt_rng = random.Random(cfg.run.seed)
     started, extra = 0, {}
     state = None
@@ -243,7 +244,8 @@ def _rl_loop(
     stopped_by, failure = "total_steps", None
     saved = learner.steps  # checkpoint 0, or the one resumed from
     try:
-        pool.start(spec, feed, resumed)  # a resumed run's untrained rollouts come back first
+        # A resumed run's untrained rollouts come back first.
+        pool.start(spec, feed, resumed, run_dir.resolve())
         pushed = learner.version  # the engines start at the learner's weights
         t0 = time.perf_counter()
         while learner.steps < cfg.run.total_steps:

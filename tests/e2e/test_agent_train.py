@@ -74,10 +74,12 @@ def test_example_agents_train(example, tmp_path, monkeypatch):
     assert final["final_eval_accuracy"] is not None  # held-out episodes ran through agents
 
 
-def test_a_command_agent_trains(tmp_path, monkeypatch):
+@pytest.mark.parametrize("concurrency", ["threads", "process"])
+def test_a_command_agent_trains(tmp_path, monkeypatch, concurrency):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "agent.py").write_text(COMMAND)
     args = [
+        f"run.concurrency={concurrency}",  # process: the children build the env themselves
         "env.name=agent",
         f"env.agent_command={sys.executable} agent.py",
         "env.agent_tasks=arithmetic",
@@ -89,6 +91,11 @@ def test_a_command_agent_trains(tmp_path, monkeypatch):
     rows = [r for r in _rows(tmp_path / "runs" / "cmd") if "rollout/reward_mean" in r]
     assert len(rows) == 2 and all(r["agent/calls"] == 1.0 for r in rows)
     assert all(r["rollout/failed"] == 0 for r in rows)
+    # The run folder reached the programs as an argument (build_env's run_dir): their
+    # SAORL_AGENT_HOME, made by saorl in it.
+    assert (tmp_path / "runs" / "cmd" / "agents").is_dir()
+    if concurrency == "process":
+        return  # the evaluation below does not depend on where the training's workers ran
     # `saorl eval RUN` runs the held-out episodes through the same agent and endpoint; the
     # command the run folder names runs only when trusted (saorl.security.trust).
     out = tmp_path / "eval.jsonl"

@@ -97,3 +97,22 @@ def test_the_stop_timeout_stops_at_once():
         for _ in range(3000):  # the watchdog interrupts this within the timeout
             time.sleep(0.01)
     assert got.value.code == 130 and "run.stop_timeout_s" in str(got.value)
+
+
+def test_a_learner_that_declares_agree_stop_decides_for_every_rank():
+    class Ranks:  # as torchrun's LeaderLearner: another rank got SIGTERM
+        def __init__(self) -> None:
+            self.asked: list[int] = []
+
+        def agree_stop(self, signum: int) -> int:
+            self.asked.append(signum)
+            return int(signal.SIGTERM)
+
+    class OneProcess:  # declares nothing: this process's own signal alone
+        pass
+
+    with StopSignals() as stops:
+        assert stops.requested(OneProcess()) == 0
+        ranks = Ranks()
+        assert stops.requested(ranks) == signal.SIGTERM and ranks.asked == [0]
+        assert stops.signum == signal.SIGTERM  # said here too, as if it came here

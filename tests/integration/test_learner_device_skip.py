@@ -18,8 +18,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from saorl.learner.learner import Learner
+from saorl.learner.optim import adamw
 from saorl.learner.sharding import step_unless_nonfinite
-from saorl.models.loading import adamw
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 

@@ -13,8 +13,8 @@ import torch
 from saorl.checkpoint.io import load_state_file, save_checkpoint
 from saorl.config import ConfigError
 from saorl.learner.learner import Learner
+from saorl.learner.optim import OffloadedAdamW
 from saorl.models.loading import load_policy
-from saorl.models.offload import OffloadedAdamW
 from tests.conftest import tiny_config
 from tests.integration.test_learner import _batch
 

@@ -158,10 +158,10 @@ def test_a_command_gets_the_runner_and_a_folder_in_the_run(task, tmp_path, in_ru
     command = f"{sys.executable} -c {shlex.quote(SHOW_ENV)}"
     cfg = EnvConfig(name="agent", agent_tasks="swe", agent_command=command)
     run_dir = tmp_path / "run"
-    if in_run:
-        cfg._run_dir = str(run_dir)  # as `saorl train` sets it (saorl.loop)
     work = tmp_path / "work"
-    program = AgentProgram(cfg, None, lambda: SweEnv("hermes", work_dir=work), None)
+    # the run folder as `saorl train` passes it (saorl.loop -> build_env(run_dir=...))
+    home = run_dir if in_run else None
+    program = AgentProgram(cfg, None, lambda: SweEnv("hermes", work_dir=work), None, None, home)
     reward, info = asyncio.run(program.run(task, "http://127.0.0.1:9/v1", "key", lambda: []))
     assert reward == 0.0 and info["submitted"] == "agent"  # graded: the copy is unchanged
     runner = Path(info["agent/runner"])  # shipped in the package, a script for mini's venv

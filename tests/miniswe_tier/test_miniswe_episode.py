@@ -37,9 +37,7 @@ def _program(tmp_path: Path, *args: str, run_dir: Path | None = None):
         swe_cache_dir=str(tmp_path / "cache"),
         swe_test_timeout_s=5.0,
     )
-    if run_dir is not None:
-        cfg._run_dir = str(run_dir)  # as `saorl train` sets it (saorl.loop)
-    spec = build_env(cfg, held_out_only=True)
+    spec = build_env(cfg, held_out_only=True, run_dir=run_dir)  # as `saorl train` passes it
     return spec.make_env(), spec.task.held_out[0]
 
 

@@ -43,8 +43,7 @@ def test_mini_swe_agent_resolves_a_mined_task(tmp_path: Path):
         swe_cache_dir=str(tmp_path / "cache"),
         swe_test_timeout_s=30.0,
     )
-    cfg._run_dir = str(tmp_path / "run")  # as `saorl train` sets it (saorl.loop)
-    spec = build_env(cfg, held_out_only=True)
+    spec = build_env(cfg, held_out_only=True, run_dir=tmp_path / "run")  # as `saorl train` does
     (task,) = spec.task.held_out
     commands = [
         "cat src/geom/core.py",

@@ -55,9 +55,12 @@ def test_the_learner_resolves_auto_once(tiny_policy, monkeypatch):
     from saorl.learner.learner import Learner
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1})
-    learner = Learner(tiny_config(), tiny_policy[0], CPU)
-    assert learner.cfg.critic.concurrent is True
+    cfg = tiny_config()
+    learner = Learner(cfg, tiny_policy[0], CPU)
+    assert learner.critic_concurrent is True
     assert learner.critic_updater._pool is not None
+    # Reported, never written back: the learner's config and the caller's keep "auto".
+    assert learner.cfg.critic.concurrent == "auto" and cfg.critic.concurrent == "auto"
     assert "2 CPU cores" in learner.critic_concurrent_why
 
 

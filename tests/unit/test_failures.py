@@ -169,6 +169,7 @@ def test_a_custom_env_step_that_raises_is_recorded_by_the_worker() -> None:
 
     worker = RolloutWorker.__new__(RolloutWorker)  # only the episode plumbing is exercised
     worker.make_env, worker.out, worker.active, worker.episodes = Env, out, 0, {}
+    worker.traits = {}
     worker.limits = AgentLimits(max_seq_len=8, max_new_tokens=4)
     worker._inline_loop = asyncio.new_event_loop()
     worker._start_episode("t1")

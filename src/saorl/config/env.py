@@ -8,7 +8,7 @@ import re
 import shlex
 from typing import Any, Literal
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from saorl.config.base import _Section
 from saorl.config.references import (  # noqa: F401 (OBJECT_PREFIX, reference_kind: re-exported)
@@ -291,9 +291,6 @@ class EnvConfig(_Section):
         description="env 'verifiers': the Python that has verifiers installed (its own venv: "
         "it pins openai<3), which runs each episode; '' = this one",
     )
-    # Not a setting: the run folder of the training run using this section, set by `saorl train`
-    # (`saorl.loop`), where agent programs keep their own files (SAORL_AGENT_HOME); '' elsewhere.
-    _run_dir: str = PrivateAttr("")
 
     @field_validator("name")
     @classmethod

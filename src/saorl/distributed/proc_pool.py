@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 from typing import Any
 
 from saorl.config import Config
@@ -48,8 +49,9 @@ class ProcRolloutActor(RolloutActor):
         limits: AgentLimits,
         weights: SharedWeights,
         push_names: list[str],
+        run_dir: Path | None = None,
     ) -> None:
-        super().__init__(cfg, cwd, name, seed, tokenizer, limits)
+        super().__init__(cfg, cwd, name, seed, tokenizer, limits, run_dir)
         self.weights, self.push_names = weights, push_names
         self.loaded = -1  # the version the engine has; the first read takes every tensor
         self.pull_weights()
@@ -105,6 +107,7 @@ class ProcWorkerPool(WorkerPool):
             self.limits,
             self.weights,
             self._push_names,
+            self.run_dir,
             pass_fds=self.weights.fds,
         )
         self._actors.append(actor)

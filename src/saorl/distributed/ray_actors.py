@@ -219,14 +219,13 @@ class CriticActor:
         # Built like the learner builds its critic: from the same seeded policy.
         policy, _ = load_policy(cfg.model)
         device = resolve_device(cfg.critic.device or cfg.model.device)
-        # Its updates are already beside the policy's: no thread of its own here.
-        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": False})})
         sharding = Sharding()
         if world > 1:
             from saorl.distributed.ray_critic import join_critic_group
 
             device, sharding = join_critic_group(cfg, device, rank, world, host, port)
-        self.updater = CriticUpdater(cfg, policy.to(device), device, sharding)
+        # Its updates are already beside the policy's: no thread of its own here.
+        self.updater = CriticUpdater(cfg, policy.to(device), device, sharding, concurrent=False)
 
     @staticmethod
     def _cpu(tree: Any) -> Any:
@@ -288,7 +287,14 @@ class RolloutActor:
     """One engine and one `RolloutWorker`, fed with tasks by the driver's pump thread."""
 
     def __init__(
-        self, cfg: Config, cwd: str, name: str, seed: int, tokenizer: Any, limits: AgentLimits
+        self,
+        cfg: Config,
+        cwd: str,
+        name: str,
+        seed: int,
+        tokenizer: Any,
+        limits: AgentLimits,
+        run_dir: Path | None = None,
     ) -> None:
         from saorl.engines.factory import build_engine
         from saorl.envs.factory import build_env
@@ -306,7 +312,7 @@ class RolloutActor:
             policy.to(resolve_device(cfg.model.device))  # vLLM only reads config and weights
         self.engine = build_engine(cfg, policy, tokenizer, seed=seed, version=0)
         del policy
-        spec = build_env(cfg.env)
+        spec = build_env(cfg.env, run_dir=run_dir)  # the run's folder: agent programs' files
         self.inbox = _TaskInbox()
         self.out: queue.Queue[Trajectory] = queue.Queue()
         self.worker = RolloutWorker(

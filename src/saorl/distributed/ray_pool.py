@@ -185,7 +185,8 @@ class RayWorkerPool(WorkerPool):
             .remote(RolloutActor)
             .options(num_cpus=rc.rollout_num_cpus, num_gpus=rc.rollout_num_gpus, max_concurrency=4)
         )
-        actor = remote.remote(self.cfg, os.getcwd(), name, seed, self.tokenizer, self.limits)
+        args = (self.cfg, os.getcwd(), name, seed, self.tokenizer, self.limits, self.run_dir)
+        actor = remote.remote(*args)
         self._actors.append(actor)
         return actor
 

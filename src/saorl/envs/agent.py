@@ -91,6 +91,7 @@ class AgentProgram:
         grader: Callable[[], Env] | None,
         scorer: RewardEnv | None,
         told: set[str] | None = None,
+        run_dir: Path | None = None,
     ) -> None:
         self.fn, self.command = fn, cfg.agent_command
         self.name = cfg.agent or cfg.agent_command
@@ -105,8 +106,9 @@ class AgentProgram:
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
         self.timeout_s = cfg.step_timeout_s
         self.workspace = cfg.agent_tasks == "swe"  # a repository copy and shell per episode
-        # A command's own files (mini-swe-agent's config dir): the run folder, never the home
-        self.home = Path(cfg._run_dir) / AGENTS_DIR if cfg._run_dir else None
+        # A command's own files (mini-swe-agent's config dir): the training run's folder
+        # (`saorl train` passes it), never the user's home; None outside a run
+        self.home = Path(run_dir) / AGENTS_DIR if run_dir else None
 
     async def run(
         self,
@@ -280,7 +282,10 @@ def _finite(v: Any) -> bool:
 
 
 def build_agent_spec(
-    cfg: EnvConfig, held_out_only: bool, build_source: Callable[[EnvConfig, bool], EnvSpec]
+    cfg: EnvConfig,
+    held_out_only: bool,
+    build_source: Callable[[EnvConfig, bool], EnvSpec],
+    run_dir: Path | None = None,
 ) -> EnvSpec:
     """The spec of `env.name = "agent"`: the tasks (and grader) of `env.agent_tasks`."""
     from saorl.envs.custom import load_reference
@@ -300,7 +305,7 @@ def build_agent_spec(
     told: set[str] = set()  # the run's notes said once (`AgentProgram._tell_once`)
     return EnvSpec(
         source.task,
-        lambda: AgentProgram(cfg, fn, source.make_env, scorer, told),  # type: ignore[arg-type,return-value]
+        lambda: AgentProgram(cfg, fn, source.make_env, scorer, told, run_dir),  # type: ignore[arg-type,return-value]
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_tool_calls,
         demo=source.demo,  # the warm-up; it helps when the agent's prompt is the task's own

@@ -3,7 +3,9 @@
 An environment speaks text and chat messages, never tokens: the agent loop alone owns
 tokenization and the chat template. `reset(task)` returns the opening messages; `step(action)`
 takes the text of one model turn and returns what the environment says back (tool output as
-messages), the reward and whether the episode is over.
+messages), the reward and whether the episode is over. What an environment may add (where its
+steps run, tools, a hook at the episode's end, a server's room, driving the model itself) is a
+declared `runtime_checkable` protocol each, read by `isinstance`, never probed by name.
 
 An `EnvSpec` is everything the loop needs from a task: training problems (`task.sample(rng)`),
 the held-out set (`task.held_out`), a fresh environment per episode, the episode budgets and
@@ -16,7 +18,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 Message = dict[str, str]  # {"role": ..., "content": ...}
 Segments = list[tuple[str, bool]]  # (text, trained?) pieces of one warm-up demonstration
@@ -31,17 +33,13 @@ class StepResult:
 
 
 class Env(Protocol):
-    """One episode at a time; create one instance per concurrent episode."""
+    """One episode at a time; create one instance per concurrent episode.
 
-    # True: `reset`/`step` do real work (tool calls, grading runs) and run on an event loop in a
-    # helper thread while decoding goes on; False: cheap, run inline (deterministic runs).
-    # An environment without the attribute is treated as True.
-    offload: bool
-    # Optional, not part of the protocol: a `tools` attribute, a list of tool schemas
-    # (`saorl.envs.function_tools.FunctionTools.schemas`), read after `reset` and passed to the chat
-    # template as `tools=`. And `end_episode()`, called from the rollout worker's thread when
-    # the episode ends, however it ends: it releases what the episode holds (a server
-    # session), without blocking.
+    The optional members an environment may add are the protocols below (`HasOffload`,
+    `HasTools`, `EndsEpisodes`, `HasRoom`; `DrivesModel` for an agent program, which runs
+    instead of stepping): the rollout worker reads them once per environment
+    (`EnvTraits.of`), by `isinstance`, and goes one way for each declared kind.
+    """
 
     async def reset(self, task: Any) -> list[Message]:
         """The opening messages of the episode (system and user turns)."""
@@ -50,6 +48,115 @@ class Env(Protocol):
     async def step(self, action_text: str) -> StepResult:
         """React to one model turn (its decoded text, special tokens removed)."""
         ...
+
+
+@runtime_checkable
+class HasOffload(Protocol):
+    """`offload = True`: `reset`/`step` do real work (tool calls, grading runs) and run on an
+    event loop in a helper thread while decoding goes on; False: cheap, they run inline
+    (deterministic runs). An environment that does not declare it is offloaded."""
+
+    offload: bool
+
+
+@runtime_checkable
+class HasTools(Protocol):
+    """`tools`: tool schemas (`saorl.envs.function_tools.FunctionTools.schemas`), read after
+    `reset` and passed to the chat template as `tools=`; empty: none."""
+
+    tools: Sequence[Mapping[str, Any]]
+
+
+@runtime_checkable
+class EndsEpisodes(Protocol):
+    """`end_episode()`: called from the rollout worker's thread once when the episode ends,
+    however it ends; it releases what the episode holds (a server session), without
+    blocking."""
+
+    def end_episode(self) -> None: ...
+
+
+@runtime_checkable
+class HasRoom(Protocol):
+    """`room()`: how many more episodes the environment's server takes now (None: no limit);
+    the worker starts no more than that (see `EnvBusy`)."""
+
+    def room(self) -> int | None: ...
+
+
+@runtime_checkable
+class DrivesModel(Protocol):
+    """An agent program (`saorl.envs.agent.AgentProgram`): it calls the model itself, through
+    the rollout worker's endpoint, instead of being stepped (`drives_model = True`); `run`
+    plays one episode and returns its `(reward, metrics)`."""
+
+    drives_model: bool
+
+    async def run(
+        self,
+        task: Any,
+        base_url: str,
+        api_key: str,
+        conversation: Callable[[], list[dict]],
+        worker: str = "",
+        local: Callable[[], Any] | None = None,
+    ) -> tuple[float, dict[str, Any]]: ...
+
+
+@runtime_checkable
+class HasStop(Protocol):
+    """An env class's `stop` (`env.name = "file.py:MyEnv"`): strings that end a model turn,
+    its `EnvSpec.stop`."""
+
+    stop: Sequence[str]
+
+
+@runtime_checkable
+class HasDemo(Protocol):
+    """An env class's `demo(task, rng)` (a static method): a warm-up demonstration as
+    segments, its `EnvSpec.demo`."""
+
+    def demo(self, task: Any, rng: random.Random) -> Segments: ...
+
+
+def tool_schemas(env: Any) -> list[dict] | None:
+    """The tool schemas `env` declares now (`HasTools`; read after `reset`), or None."""
+    return (list(env.tools) or None) if isinstance(env, HasTools) else None
+
+
+def offloaded(env: Any) -> bool:
+    """Whether `env`'s calls run off the decoding thread (`HasOffload`; undeclared: yes)."""
+    return not isinstance(env, HasOffload) or bool(env.offload)
+
+
+def end_episode_of(env: Any) -> None:
+    """`env.end_episode()` where it declares one (`EndsEpisodes`); for wrappers."""
+    if isinstance(env, EndsEpisodes):
+        env.end_episode()
+
+
+def room_of(env: Any) -> int | None:
+    """`env.room()` where it declares one (`HasRoom`), else None (no limit); for wrappers."""
+    return env.room() if isinstance(env, HasRoom) else None
+
+
+@dataclass(frozen=True)
+class EnvTraits:
+    """What an environment declared of the optional protocols, read once where it is made."""
+
+    inline: bool  # `HasOffload` with `offload = False`
+    drives_model: bool  # `DrivesModel` with `drives_model = True`
+    end_episode: Callable[[], None] | None = None  # `EndsEpisodes`
+    room: Callable[[], int | None] | None = None  # `HasRoom`
+
+    @classmethod
+    def of(cls, env: Any) -> EnvTraits:
+        return cls(
+            inline=not offloaded(env),
+            drives_model=isinstance(env, DrivesModel) and env.drives_model is True,
+            end_episode=env.end_episode if isinstance(env, EndsEpisodes) else None,
+            room=env.room if isinstance(env, HasRoom) else None,
+        )
 
 
 @dataclass

@@ -40,7 +40,7 @@ from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.config.env import OBJECT_PREFIX, reference_kind
-from saorl.envs.base import EnvSpec, TaskList
+from saorl.envs.base import EnvSpec, HasDemo, HasStop, TaskList
 
 _FILE_MODULES: dict[str, str] = {}  # absolute file path -> its module's name in sys.modules
 _OBJECTS: dict[str, Any] = {}  # `python-object:` names -> the objects `register_object` named
@@ -233,8 +233,8 @@ def _spec_from_class(cls: type, cfg: EnvConfig) -> EnvSpec:
         cls,
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_tool_calls,
-        stop=tuple(getattr(cls, "stop", ())),
-        demo=getattr(cls, "demo", None),
+        stop=tuple(cls.stop) if isinstance(cls, HasStop) else (),
+        demo=cls.demo if isinstance(cls, HasDemo) else None,
     )
 
 

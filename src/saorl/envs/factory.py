@@ -49,13 +49,16 @@ def _ungraded(response: str, reference: str) -> float:
     return 0.0
 
 
-def build_env(cfg: EnvConfig, *, held_out_only: bool = False) -> EnvSpec:
+def build_env(
+    cfg: EnvConfig, *, held_out_only: bool = False, run_dir: Path | None = None
+) -> EnvSpec:
     """The environment of `cfg`. `held_out_only` (`saorl eval`) builds only what evaluation
     needs: no training problems are required or made, a generated task's held-out set may take
     every problem there is, and a file of evaluation problems (`env.eval_dataset`, a
     SWE-bench `env.swe_tasks`) is taken whole unless the config sets `env.eval_size` (a run's
-    saved config.toml always does: its own held-out set)."""
-    spec = _build_env(cfg, held_out_only)
+    saved config.toml always does: its own held-out set). `run_dir`: the training run's folder,
+    where agent programs keep their own files (`saorl.envs.agent`); None outside a run."""
+    spec = _build_env(cfg, held_out_only, run_dir)
     spec.step_timeout_s = cfg.step_timeout_s
     if cfg.reward_fns and cfg.name != "agent":  # agent programs apply them themselves
         from saorl.envs.rewards import with_reward_fns
@@ -64,7 +67,7 @@ def build_env(cfg: EnvConfig, *, held_out_only: bool = False) -> EnvSpec:
     return spec
 
 
-def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
+def _build_env(cfg: EnvConfig, held_out_only: bool, run_dir: Path | None = None) -> EnvSpec:
     if cfg.name == "arithmetic":
         from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 
@@ -130,7 +133,7 @@ def _build_env(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     elif cfg.name == "agent":
         from saorl.envs.agent import build_agent_spec
 
-        return build_agent_spec(cfg, held_out_only, _build_env)
+        return build_agent_spec(cfg, held_out_only, _build_env, run_dir)
     elif cfg.name == "openenv":
         from saorl.envs.openenv import build_openenv_spec
 

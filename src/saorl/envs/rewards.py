@@ -53,7 +53,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
-from saorl.envs.base import Env, EnvSpec, Message, StepResult
+from saorl.envs.base import (
+    Env,
+    EnvSpec,
+    Message,
+    StepResult,
+    end_episode_of,
+    room_of,
+    tool_schemas,
+)
 from saorl.envs.custom import load_reference
 
 
@@ -192,7 +200,8 @@ def check_reward_fns(fns: list[RewardFn], task: Any) -> None:
 
 class RewardEnv:
     """Wraps an environment: its episodes end where it says, scored by the reward functions.
-    Every attribute it does not define (`tools`, ...) is the wrapped environment's."""
+    The wrapped environment's optional members (`saorl.envs.base`: tools, `end_episode`,
+    `room`) are declared here and passed on."""
 
     offload = True  # reward functions are user code of unknown cost (an LLM judge, a sandbox)
 
@@ -201,11 +210,15 @@ class RewardEnv:
         self.task: Any = None
         self.messages: list[Message] = []
 
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("inner")  # absent while unpickling: no recursion
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
+    @property
+    def tools(self) -> list[dict]:
+        return tool_schemas(self.inner) or []
+
+    def end_episode(self) -> None:
+        end_episode_of(self.inner)
+
+    def room(self) -> int | None:
+        return room_of(self.inner)
 
     async def reset(self, task: Any) -> list[Message]:
         self.task = task

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from saorl.envs.base import end_episode_of, offloaded, room_of, tool_schemas
+
 STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
 PLACEHOLDER = "{problem}"
 
@@ -78,16 +80,23 @@ def prompt_template(spec: str) -> PromptTemplate:
 
 class TemplatedEnv:
     """An environment whose opening messages follow a template; everything else is the
-    wrapped environment's (attributes such as `tools` and `offload` included)."""
+    wrapped environment's (its optional members, `saorl.envs.base`, declared here and passed
+    on)."""
 
     def __init__(self, env: Any, template: PromptTemplate) -> None:
         self._env = env
         self._template = template
+        self.offload = offloaded(env)
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "_env":  # not set yet (copying): no recursion
-            raise AttributeError(name)
-        return getattr(self._env, name)
+    @property
+    def tools(self) -> list[dict]:
+        return tool_schemas(self._env) or []
+
+    def end_episode(self) -> None:
+        end_episode_of(self._env)
+
+    def room(self) -> int | None:
+        return room_of(self._env)
 
     async def reset(self, task: Any) -> list[dict[str, Any]]:
         messages = [dict(m) for m in await self._env.reset(task)]  # also readies the env

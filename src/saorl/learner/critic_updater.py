@@ -47,10 +47,11 @@ from torch import nn
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.checkpoint.io import load_state_file
 from saorl.config import Config, ConfigError
+from saorl.learner.optim import critic_optimizer
 from saorl.learner.sharding import MicroBatch, Sharding
 from saorl.losses import value_loss
 from saorl.models.critic import Critic, critic_source, freeze_attention
-from saorl.models.loading import compute_precision, critic_optimizer
+from saorl.models.loading import compute_precision
 from saorl.models.lora import onto_lora
 from saorl.models.packing import plan_token_micro_batches
 from saorl.types import Batch
@@ -164,11 +165,17 @@ class CriticUpdater:
     """The critic (a copy of `policy`'s backbone with a value head), its optimizer and updates.
 
     Build it before LoRA adapters are added to the policy (the critic copies the plain
-    backbone). `sharding` is the critic's own (`Sharding.for_critic`).
+    backbone). `sharding` is the critic's own (`Sharding.for_critic`). `concurrent`:
+    `critic.concurrent` as the learner resolved it (`concurrent_critic`).
     """
 
     def __init__(
-        self, cfg: Config, policy: nn.Module, device: torch.device, sharding: Sharding
+        self,
+        cfg: Config,
+        policy: nn.Module,
+        device: torch.device,
+        sharding: Sharding,
+        concurrent: bool,
     ) -> None:
         self.cfg, self.device, self.sharding = cfg, device, sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
@@ -178,8 +185,7 @@ class CriticUpdater:
         self.sharding.shard(self.critic)
         self.new_optimizer()
         # One worker: the K updates of one step at a time, beside the policy update.
-        on, _ = concurrent_critic(cfg, device)  # resolved by the Learner; bools pass through
-        self._pool = ThreadPoolExecutor(1, "critic") if on else None
+        self._pool = ThreadPoolExecutor(1, "critic") if concurrent else None
         # Every position GAE reads a value at is trained (observations too, when not skipped).
         self._targets = "action_mask" if cfg.algorithm.skip_observations else "completion_mask"
         # The values can come from the first update's forward when nothing random or

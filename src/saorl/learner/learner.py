@@ -23,11 +23,12 @@ equals the full-batch one. Micro-batches are `micro_batch_size` padded rows, or 
 `learner.micro_batch_tokens > 0` rows packed into one row without padding up to that many tokens
 (`saorl.models.packing`).
 
-Step 4 is `saorl.learner.policy_step.PolicyUpdate`, this class's base (mini-batches, micro-batches,
-the loss and its log-prob diagnostics). Steps 1-3 belong to the critic's
-`saorl.learner.critic_updater.CriticUpdater` (in this process, or in a Ray actor of its own:
-`saorl.distributed.ray_critic`). With `critic.concurrent` its K updates
-run while this class runs step 4, on a thread of their own; the step's numbers are the same.
+Step 4 is `saorl.learner.policy_step.update_policy` (mini-batches, micro-batches, the loss and
+its log-prob diagnostics), a function of the `PolicyState` this class hands it each step.
+Steps 1-3 belong to the critic's `saorl.learner.critic_updater.CriticUpdater` (in this process,
+or in a Ray actor of its own: `saorl.distributed.ray_critic`). With `critic.concurrent` its K
+updates run while this class runs step 4, on a thread of their own; the step's numbers are the
+same.
 
 This class is written for one process. Sharding over several ranks (FSDP2) changes what
 `self.sharding` does (`saorl.learner.sharding`, `saorl.distributed.fsdp.FSDPSharding`), not this
@@ -64,10 +65,11 @@ from saorl.learner.critic_updater import (
     critic_device,
     plan_rows,
 )
-from saorl.learner.policy_step import PolicyUpdate
+from saorl.learner.optim import adamw
+from saorl.learner.policy_step import PolicyState, finish_mismatch, update_policy
 from saorl.learner.sft import supervised_warmup
 from saorl.learner.sharding import MicroBatch, Sharding, StepFlags, StepMetrics
-from saorl.models.loading import adamw, compute_precision, save_pretrained
+from saorl.models.loading import compute_precision, save_pretrained
 from saorl.models.logprobs import PolicyLogprobs
 from saorl.models.lora import add_lora, merged_state, push_state, save_adapter
 from saorl.models.routing import RoutingReplay, replay_routing
@@ -83,7 +85,7 @@ class NonFiniteError(RuntimeError):
     """Too many learner steps in a row had a non-finite gradient."""
 
 
-class Learner(PolicyUpdate):
+class Learner:
     """Owns the policy, the critic and their optimizers; `step(batch)` does one SAO step.
 
     This is the learner of one process, and also each rank's learner when sharded (pass the
@@ -99,9 +101,9 @@ class Learner(PolicyUpdate):
         sharding: Sharding | None = None,
         critic: Any = None,
     ) -> None:
-        # critic.concurrent = "auto" decided once, here, for everything built below.
-        on, self.critic_concurrent_why = concurrent_critic(cfg, device)
-        cfg = cfg.model_copy(update={"critic": cfg.critic.model_copy(update={"concurrent": on})})
+        # critic.concurrent = "auto" decided once, here, for everything built below; the
+        # decision and its reason are reported (the run's summary), the config keeps "auto".
+        self.critic_concurrent, self.critic_concurrent_why = concurrent_critic(cfg, device)
         self.cfg = cfg
         self.device = device
         self.sharding = sharding or Sharding()
@@ -109,8 +111,9 @@ class Learner(PolicyUpdate):
         self.policy = policy.to(device)
         if critic is None:
             # It copies the policy's backbone: built before the policy is sharded or gets LoRA.
-            sh = self.sharding.for_critic() if cfg.critic.concurrent else self.sharding
-            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh)
+            on = self.critic_concurrent
+            sh = self.sharding.for_critic() if on else self.sharding
+            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh, on)
         self.critic_updater = critic
         add_lora(self.policy, cfg, "model")  # after the critic copied the plain backbone
         self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
@@ -197,7 +200,9 @@ class Learner(PolicyUpdate):
         policy_metrics: dict[str, Any] = {}
         try:
             if not warmup:
-                policy_metrics = self._update_policy(b, lengths, micro, advantages, m, flags)
+                policy_metrics = update_policy(
+                    self._policy_state(), b, lengths, micro, advantages, m, flags
+                )
         finally:
             if gae:  # joined even when the policy update failed: no update left running
                 done = critic.finish()
@@ -221,7 +226,7 @@ class Learner(PolicyUpdate):
             metrics.update(dict.fromkeys((*policy_keys, *mismatch)))
             metrics.update(dict.fromkeys(lab_keys()))
         else:
-            self._finish_mismatch(metrics)
+            finish_mismatch(metrics)
             finish_gaps(metrics)
         self.steps += 1
         self._check_nonfinite(skipped_before)
@@ -229,6 +234,24 @@ class Learner(PolicyUpdate):
         metrics["learner/skipped_steps"] = self.skipped_steps
         metrics.update(self.replay.take_metrics() if self.replay else {})
         return metrics
+
+    def _policy_state(self) -> PolicyState:
+        """What the policy update works on this step (`saorl.learner.policy_step`)."""
+        return PolicyState(
+            algo=self.cfg.algorithm,
+            learner=self.cfg.learner,
+            policy=self.policy,
+            opt=self.policy_opt,
+            params=self.policy_params,
+            sched=self.policy_sched,
+            sharding=self.sharding,
+            replay=self.replay,
+            version=self.version,
+            logprobs=self._logprobs,
+            reference_logprobs=self._reference_logprobs,
+            micro_batches=self._micro_batches,
+            settle=self._settle,
+        )
 
     def _micro_batches(self, lengths: list[int]) -> list[MicroBatch]:
         return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))

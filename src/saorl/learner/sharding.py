@@ -22,7 +22,7 @@ policy and critic are sharded over several ranks goes through one `Sharding` obj
 nothing waits for the device until the step ends.
 
 Whether an optimizer step was taken is a device tensor too. A fused AdamW
-(`saorl.models.loading.adamw`) is handed `found_inf`, as `torch.amp.GradScaler` does: the
+(`saorl.learner.optim.adamw`) is handed `found_inf`, as `torch.amp.GradScaler` does: the
 kernel leaves weights and moments as they are when it is set, and the step count is undone, all
 on the device. The caller learns whether the step was taken at its metrics sync. Another
 optimizer (the critic's `OffloadedAdamW`, a device without the fused kernel) is stepped after a

@@ -230,28 +230,6 @@ def compute_precision(
     return functools.partial(torch.autocast, device_type=device.type, dtype=torch.bfloat16)
 
 
-# Devices with a fused AdamW kernel that takes `found_inf` (skips an update on the device).
-FUSED_ADAMW_DEVICES = ("cpu", "cuda", "xpu")
-
-
-def adamw(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.AdamW:
-    """AdamW, fused where the parameters' device has the kernel: a fused AdamW skips a step on
-    a device-side `found_inf` flag, so that whether a gradient is finite needs no host sync
-    (`saorl.learner.sharding.step_unless_nonfinite`); elsewhere the plain (foreach) one."""
-    fused = all(p.device.type in FUSED_ADAMW_DEVICES and p.is_floating_point() for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=fused or None)
-
-
-def critic_optimizer(params: list[torch.nn.Parameter], cfg: Any) -> Any:
-    """AdamW over the critic's trainable parameters (`adamw`), in CPU memory with
-    `critic.optimizer_offload` (`saorl.models.offload`); `cfg` is the `[critic]` section."""
-    if cfg.optimizer_offload:
-        from saorl.models.offload import OffloadedAdamW
-
-        return OffloadedAdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    return adamw(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-
-
 def _remote_code_hint(path: Path, trust: bool) -> str:
     """Why loading may have failed when `path`'s config.json names code saorl did not run."""
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import queue
 import time
+from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -82,8 +83,14 @@ class WorkerPool:
         # Synchronous mode: engines are idle from the end of one `collect` to the next.
         self._sync_idle_s, self._since_collect = 0.0, None
 
-    def start(self, spec: EnvSpec, feed: PromptFeed, resumed: dict[str, Any] | None) -> None:
-        self.spec, self.feed = spec, feed
+    def start(
+        self,
+        spec: EnvSpec,
+        feed: PromptFeed,
+        resumed: dict[str, Any] | None,
+        run_dir: Path | None = None,
+    ) -> None:
+        self.spec, self.feed, self.run_dir = spec, feed, run_dir
         self.limits = agent_limits(self.cfg, spec)
         # Seeded by the step the run starts at, so a resumed run does not replay the streams
         # of the first one.

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from saorl.config import Config, ConfigError
-from saorl.envs.base import EnvSpec, task_key
+from saorl.envs.base import EndsEpisodes, EnvSpec, task_key, tool_schemas
 from saorl.rollout.episode import ChatCodec
 
 SAMPLED = 8  # tasks of each split tokenized
@@ -38,7 +38,7 @@ def _prompts(spec: EnvSpec, tokenizer: Any) -> list[tuple[str, list[int], str]]:
             messages = asyncio.run(_opening(env, task))
         except Exception:  # the workers report it, with its traceback
             continue
-        tools = list(getattr(env, "tools", None) or ()) or None
+        tools = tool_schemas(env)
         text = "".join(str(m.get("content", "")) for m in messages)
         out.append((task_key(task), codec.prompt_ids(messages, tools), text))
     return out
@@ -51,9 +51,9 @@ async def _opening(env: Any, task: Any) -> Any:
     try:
         return await env.reset(task)
     finally:
-        end = getattr(env, "end_episode", None)
-        if end is not None:
-            end()  # schedules the release on this loop: let it run before the loop closes
+        if isinstance(env, EndsEpisodes):
+            # It schedules the release on this loop: let it run before the loop closes.
+            env.end_episode()
             await asyncio.sleep(0)
             pending = asyncio.all_tasks() - {asyncio.current_task()}
             if pending:

@@ -10,6 +10,11 @@ Environment steps that do real work (a sandboxed tool call) run on an event loop
 thread so decoding goes on meanwhile; cheap ones (`env.offload = False`, e.g. grading a sum)
 run inline, which keeps single-turn runs deterministic.
 
+What an environment declared of the optional protocols (`saorl.envs.base`: `HasOffload`,
+`HasTools`, `EndsEpisodes`, `HasRoom`, `DrivesModel`) is read once, when the worker makes it
+(`EnvTraits.of`); an agent program's episodes go to `AgentRuns`, every other one is stepped
+here.
+
 Admission control: `saorl.rollout.feed` (`PromptFeed`; `FixedFeed` for evaluation).
 """
 
@@ -26,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from saorl.engines.protocol import Completion, Engine, GenerationRequest
-from saorl.envs.base import Env, EnvBusy, StepResult, task_key
+from saorl.envs.base import Env, EnvBusy, EnvTraits, StepResult, task_key, tool_schemas
 from saorl.rollout.episode import ChatCodec, Episode
 from saorl.rollout.failures import failure_info
 from saorl.rollout.feed import FixedFeed as FixedFeed  # re-exported
@@ -56,6 +61,27 @@ class AgentLimits:
     forced_length: Callable[[], int] | None = None
     # `rollout.max_agent_processes`: command agents running at once (0 = twice the cores)
     max_agent_processes: int = 0
+
+
+class NoAgents:
+    """The agent programs' side of a worker that runs none: no endpoint, no calls held."""
+
+    cap = 0  # no cap of its own on the episodes at once
+
+    def admit_calls(self) -> bool:
+        return True
+
+    def drain(self) -> None:
+        pass
+
+    def busy(self) -> bool:
+        return False
+
+    def describe(self) -> str:
+        return ""
+
+    def close(self) -> None:
+        pass
 
 
 async def _settle(timeout_s: float) -> None:
@@ -103,18 +129,21 @@ class RolloutWorker:
         self._inline_loop = asyncio.new_event_loop()
         self._bg_loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[tuple[Episode, Completion, concurrent.futures.Future, float]] = []
-        # Agent programs (`env.name = "agent"`): their episodes and the endpoint they call,
-        # built with the first one; their calls (from its HTTP threads or the agents' event
-        # loop) wait here for this thread.
-        self.agents: Any = None
+        # Agent programs (`env.name = "agent"`): their episodes and the endpoint they call
+        # (`AgentRuns`), built with the first one; their calls (from its HTTP threads or the
+        # agents' event loop) wait here for this thread.
+        self.agents: Any = NoAgents()
+        self.traits: dict[int, EnvTraits] = {}  # of each stepped episode's env, by id(episode)
         self.room: Callable[[], int | None] | None = None  # an env's free places (`EnvBusy`)
         self._calls: queue.SimpleQueue[GenerationRequest] = queue.SimpleQueue()
         self._wake = threading.Event()  # a call queued or an agent program done
         self.step_s = 0.02  # recent engine step time (moving average): agent calls' hold
 
     # -- episodes ----------------------------------------------------------------------------
-    def _env_call(self, env: Env, coro: Any) -> concurrent.futures.Future:
-        if not getattr(env, "offload", True):  # unset (user envs): off the decoding thread
+    def _env_call(self, env: Env, coro: Any, inline: bool = False) -> concurrent.futures.Future:
+        """Run `coro`, a call of `env`'s: `inline` (its traits: `offload = False`) on this
+        thread, else (undeclared, and agent programs: `AgentRuns`) on the helper loop."""
+        if inline:
             fut: concurrent.futures.Future = concurrent.futures.Future()
             try:
                 # An awaiting hang times out here; a CPU-bound one cannot (inline envs must be
@@ -175,42 +204,59 @@ class RolloutWorker:
 
     def _start_episode(self, task: Any, group_id: int = -1) -> None:
         env = self.make_env()
-        self.room = getattr(env, "room", None)
+        traits = EnvTraits.of(env)
+        self.room = traits.room
         self.active += 1
-        if getattr(env, "drives_model", False):  # an agent program: it calls the endpoint
-            if self.agents is None:
+        if traits.drives_model:  # an agent program: it calls the endpoint
+            if isinstance(self.agents, NoAgents):
                 from saorl.rollout.agents.runs import AgentRuns
 
                 self.agents = AgentRuns(self, env)
             return self.agents.start(env, task, group_id)
         try:
-            fut = self._env_call(env, env.reset(task))
+            fut = self._env_call(env, env.reset(task), traits.inline)
             messages = fut.result(timeout=self.limits.env_timeout_s)
         except TimeoutError:
             fut.cancel()
-            ep = Episode(env, task, [], [], group_id=group_id)
+            ep = self._episode(env, traits, task, group_id)
             ep.info["error"] = f"reset: timed out after {self.limits.env_timeout_s:g} s"
             return self._emit(ep, "env_error")
         except EnvBusy:  # no room on its server now: the task is handed out again later
             self.active -= 1
             return self.feed.reissue([(task, group_id)])
         except Exception as e:
-            ep = Episode(env, task, [], [], group_id=group_id)
+            ep = self._episode(env, traits, task, group_id)
             ep.info.update(failure_info("reset", e))
             return self._emit(ep, "env_error")
-        tools = list(getattr(env, "tools", None) or ()) or None  # schemas for the template
+        tools = tool_schemas(env)  # for the template
         ids = self.codec.prompt_ids(messages, tools)
-        ep = Episode(env, task, list(messages), ids, group_id=group_id, tools=tools)
+        ep = self._episode(env, traits, task, group_id, list(messages), ids, tools)
         self.episodes[id(ep)] = ep
         if len(ep.prompt_ids) >= self.limits.max_seq_len:
             ep.info["error"] = f"prompt of {len(ep.prompt_ids)} tokens fills the context"
             return self._emit(ep, "context")
         self._submit(ep)
 
+    def _episode(
+        self,
+        env: Env,
+        traits: EnvTraits,
+        task: Any,
+        group_id: int,
+        messages: list | None = None,
+        ids: list[int] | None = None,
+        tools: list[dict] | None = None,
+    ) -> Episode:
+        """A stepped episode (empty: one that failed to start), its env's traits kept for its
+        steps and its end."""
+        ep = Episode(env, task, messages or [], ids or [], group_id=group_id, tools=tools)
+        self.traits[id(ep)] = traits
+        return ep
+
     def _emit(self, ep: Episode, reason: str) -> None:
         self.active -= 1
         self.episodes.pop(id(ep), None)
-        end = getattr(ep.env, "end_episode", None)
+        end = self.traits.pop(id(ep)).end_episode
         if end is not None:  # e.g. an OpenEnv session: closed with its episode, however
             with contextlib.suppress(Exception):  # a failed cleanup does not end the run
                 end()
@@ -233,7 +279,8 @@ class RolloutWorker:
         text = self.tokenizer.decode(c.token_ids, skip_special_tokens=True)
         ep.conversation.append({"role": "assistant", "content": text})
         deadline = time.monotonic() + self.limits.env_timeout_s
-        self._pending.append((ep, c, self._env_call(ep.env, ep.env.step(text)), deadline))
+        future = self._env_call(ep.env, ep.env.step(text), self.traits[id(ep)].inline)
+        self._pending.append((ep, c, future, deadline))
 
     def _on_env_result(self, ep: Episode, c: Completion, result: StepResult) -> None:
         ep.reward += result.reward
@@ -293,7 +340,7 @@ class RolloutWorker:
 
     def limits_concurrency(self) -> int:
         caps = [self.engine.max_concurrent]
-        if self.agents is not None and self.agents.cap:  # command agents' processes
+        if self.agents.cap:  # command agents' processes
             caps.append(self.agents.cap)
         room = self.room() if self.room is not None else None
         if room is not None:  # the free places of the env's server (OpenEnv sessions)
@@ -303,11 +350,11 @@ class RolloutWorker:
     def describe(self) -> str:
         """What its episodes are doing, for a run that waits long for a batch."""
         text = f"{self.name}: {self.active} episodes in flight"
-        return text + (self.agents.describe() if self.agents is not None else "")
+        return text + self.agents.describe()
 
     def step(self) -> int:
         """One decoding step and any finished environment steps; returns turns finished."""
-        if self.agents is None or self.agents.admit_calls():  # endpoint calls join the batch
+        if self.agents.admit_calls():  # endpoint calls join the batch
             while not self._calls.empty():
                 self._requests += 1
                 request = self._calls.get()
@@ -321,13 +368,11 @@ class RolloutWorker:
         for c in done:
             self._on_turn(c)
         self._drain_env_results()
-        if self.agents is not None:
-            self.agents.drain()
+        self.agents.drain()
         return len(done)
 
     def busy(self) -> bool:
-        agents = self.agents is not None and self.agents.busy()
-        return self.engine.num_unfinished() > 0 or bool(self._pending) or agents
+        return self.engine.num_unfinished() > 0 or bool(self._pending) or self.agents.busy()
 
     # -- background thread ------------------------------------------------------------------
     def start(self) -> None:
@@ -350,7 +395,7 @@ class RolloutWorker:
                         self.feed.cond.wait(timeout=0.05)
                     self.idle_s += time.perf_counter() - t0
                     continue
-                held = self.agents is not None and not self.agents.admit_calls()
+                held = not self.agents.admit_calls()
                 if self.engine.num_unfinished() == 0 and (held or self._calls.empty()):
                     # Nothing to decode: environment steps, agent programs or held calls.
                     self._wake.wait(0.001)
@@ -384,8 +429,7 @@ class RolloutWorker:
             self.feed.cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=30)
-        if self.agents is not None:
-            self.agents.close()
+        self.agents.close()
         if self._bg_loop is not None:
             if self._bg_loop.is_running():  # what episodes' ends scheduled (closing sessions)
                 with contextlib.suppress(Exception):

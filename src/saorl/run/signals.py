@@ -23,7 +23,16 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any, Self
+from typing import Any, Protocol, Self, runtime_checkable
+
+
+@runtime_checkable
+class AgreesStop(Protocol):
+    """A learner over several ranks (torchrun's `LeaderLearner`): `agree_stop(signum)` combines
+    the signal every rank got, so that all stop after the same step."""
+
+    def agree_stop(self, signum: int) -> int: ...
+
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -105,11 +114,11 @@ class StopSignals:
         _thread.interrupt_main(self.signum or signal.SIGTERM)  # runs `_handle` in the main thread
 
     def requested(self, learner: Any = None) -> int:
-        """The signal that asks for a stop (0: none). A learner with `agree_stop` (torchrun)
-        combines every rank's, so that all ranks stop after the same step."""
-        agree = getattr(learner, "agree_stop", None)
+        """The signal that asks for a stop (0: none). A learner that declares `agree_stop`
+        (`AgreesStop`, torchrun) combines every rank's, so that all ranks stop
+        after the same step."""
         mine = self.signum or 0
-        got = agree(mine) if agree is not None else mine
+        got = learner.agree_stop(mine) if isinstance(learner, AgreesStop) else mine
         if got and self.signum is None:  # another rank's signal: say so here too
             self.signum = got
         return got

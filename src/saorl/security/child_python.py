@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 # The folder holding the `saorl` package this process imported.
-SAORL_ROOT = str(Path(__file__).resolve().parents[1])
+SAORL_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def import_path() -> list[str]:
