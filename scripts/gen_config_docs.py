@@ -21,6 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from saorl.config import Config
+from saorl.config.base import leaf_fields
 from saorl.config.io import bounds_text
 from saorl.config.presets import preset_rows
 
@@ -120,7 +121,7 @@ def missing_descriptions() -> list[str]:
     for section, section_info in Config.model_fields.items():
         if not (section_info.description or "").strip():
             missing.append(section)
-        for name, info in _section_model(section).model_fields.items():
+        for name, info in leaf_fields(_section_model(section)).items():
             if not (info.description or "").strip():
                 missing.append(f"{section}.{name}")
     return missing
@@ -140,7 +141,7 @@ def render() -> str:
         if doc:
             lines += [_cell(doc), ""]
         lines += ["| field | type | default | description |", "|---|---|---|---|"]
-        for name, field in model.model_fields.items():
+        for name, field in leaf_fields(model).items():
             kind = _type_text(field.annotation)
             bounds = bounds_text(field)
             if bounds:

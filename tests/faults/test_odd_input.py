@@ -191,8 +191,8 @@ def test_swe_commands_print_task_data_escaped(tmp_path: Path, capsys):
             str(tasks),
             "--repos-root",
             str(tmp_path / "repos"),
-            f"env.swe_cache_dir={tmp_path / 'cache'}",
-            "env.swe_task_envs=none",
+            f"env.swe.cache_dir={tmp_path / 'cache'}",
+            "env.swe.task_envs=none",
         ]
     )
     captured = capsys.readouterr()

@@ -37,12 +37,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     s["cache"] = root / "cache"
     s["cfg"] = EnvConfig(
         name="swe",
-        swe_source="swebench",
-        swe_pip_args=s["pip_args"],
-        swe_cache_dir=str(s["cache"]),
         tool_format="hermes",
         eval_size=1,
-        swe_test_timeout_s=10.0,
+        swe={
+            "source": "swebench",
+            "pip_args": s["pip_args"],
+            "cache_dir": str(s["cache"]),
+            "test_timeout_s": 10.0,
+        },
     )
     return s
 
@@ -185,7 +187,9 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
     assert all(v.cached for _, v in again)  # verdicts read back from the cache
     # Without the per-task environment (the symptom): the repository is not
     # installed, its test dependency is missing, so even the gold patch does not resolve.
-    bare = setup["cfg"].model_copy(update={"swe_task_envs": "none"})
+    bare = setup["cfg"].model_copy(
+        update={"swe": setup["cfg"].swe.model_copy(update={"task_envs": "none"})}
+    )
     task = next(t for t in _tasks(setup, mined["out"]) if t.key == row["instance_id"])
     ((_, verdict),) = check_tasks([task], bare, setup["cache"])
     assert verdict.status == "invalid"
@@ -196,8 +200,8 @@ def test_swe_validate_cli(setup: dict, mined: dict, tmp_path: Path, capsys):
     common = [
         "--repos-root",
         str(setup["repos"]),
-        f"env.swe_pip_args={setup['pip_args']}",
-        f"env.swe_cache_dir={setup['cache']}",
+        f"env.swe.pip_args={setup['pip_args']}",
+        f"env.swe.cache_dir={setup['cache']}",
     ]
     assert main(["swe-validate", str(mined["out"]), *common]) == 0
     out = capsys.readouterr().out
@@ -287,7 +291,11 @@ def test_a_task_whose_environment_fails_is_reported_and_left_out(
         prepare_tasks(_tasks(setup, only_broken), setup["cfg"], setup["cache"])
     # Training and evaluation see only the usable tasks, each with its environment.
     cfg = setup["cfg"].model_copy(
-        update={"swe_tasks": str(path), "swe_repos_root": str(setup["repos"])}
+        update={
+            "swe": setup["cfg"].swe.model_copy(
+                update={"tasks": str(path), "repos_root": str(setup["repos"])}
+            )
+        }
     )
     spec = build_env(cfg, held_out_only=True)
     assert [t.key for t in spec.task.held_out] == [mined["rows"]["geom"]["instance_id"]]

@@ -271,8 +271,8 @@ def test_eval_of_an_agent_names_its_task(
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_agent.py").write_text("async def run(task, client):\n    return 1.0\n")
-    cfg = load_config(None, ["env.name=agent", "env.agent=my_agent.py:run"])
-    name = task_name(cfg.env)  # the tasks' own name: the dataset of env.agent_tasks = 'math'
+    cfg = load_config(None, ["env.name=agent", "env.agent.function=my_agent.py:run"])
+    name = task_name(cfg.env)  # the tasks' own name: the dataset of env.agent.tasks = 'math'
     assert name == Path(cfg.env.dataset).stem and name not in ("", "agent")
     path = write_results("builtin:tiny", cfg, {"accuracy": 1.0}, [], None)
     assert path == Path(f"evals/builtin_tiny/{name}.jsonl")

@@ -53,7 +53,7 @@ def build_env(cfg: EnvConfig, *, held_out_only: bool = False) -> EnvSpec:
     """The environment of `cfg`. `held_out_only` (`saorl eval`) builds only what evaluation
     needs: no training problems are required or made, a generated task's held-out set may take
     every problem there is, and a file of evaluation problems (`env.eval_dataset`, a
-    SWE-bench `env.swe_tasks`) is taken whole unless the config sets `env.eval_size` (a run's
+    SWE-bench `env.swe.tasks`) is taken whole unless the config sets `env.eval_size` (a run's
     saved config.toml always does: its own held-out set)."""
     spec = _build_env(cfg, held_out_only)
     spec.step_timeout_s = cfg.step_timeout_s

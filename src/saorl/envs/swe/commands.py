@@ -6,9 +6,9 @@ check of a SWE-bench-format task file (hooked into `saorl.cli.main` by `add_pars
     saorl swe-validate tasks.jsonl --repos-root DIR [--jobs N] [--fresh] [--config FILE.toml]
                    [env.field=value ...]
 
-Both read the `[env]` settings of a config (`--config`, overrides): `env.swe_cache_dir` (where
-environments, snapshots and verdicts are cached), `env.swe_pip_args`, `env.swe_task_envs`,
-`env.swe_test_timeout_s`, `env.swe_grade_timeout_s`. Exit codes: 0 success (swe-validate: every
+Both read the `[env]` settings of a config (`--config`, overrides): `env.swe.cache_dir` (where
+environments, snapshots and verdicts are cached), `env.swe.pip_args`, `env.swe.task_envs`,
+`env.swe.test_timeout_s`, `env.swe.grade_timeout_s`. Exit codes: 0 success (swe-validate: every
 task valid), 1 swe-validate found a task that is not valid, 2 bad command line, config or input
 file, 130 interrupted. Nothing heavy is imported here: `saorl --help` stays fast.
 """
@@ -29,9 +29,9 @@ examples:
   saorl swe-mine ~/src/attrs --out tasks.jsonl                 # every commit of HEAD
   saorl swe-mine ~/src/attrs --out tasks.jsonl --max-commits 200 --jobs 4
   saorl swe-mine ~/src/attrs --out tasks.jsonl --rev v22.1.0..main
-  saorl swe-mine repo --out t.jsonl env.swe_pip_args="--no-index --find-links wheels"
+  saorl swe-mine repo --out t.jsonl env.swe.pip_args="--no-index --find-links wheels"
 then train on them (the checkout's parent directory holds the repositories):
-  saorl train --config examples/swe_real.toml env.swe_tasks=tasks.jsonl env.swe_repos_root=~/src
+  saorl train --config examples/swe_real.toml env.swe.tasks=tasks.jsonl env.swe.repos_root=~/src
 """
 
 
@@ -82,7 +82,7 @@ def add_parsers(commands: Any) -> None:
         "--repos-root",
         required=True,
         metavar="DIR",
-        help="directory of the git checkouts (env.swe_repos_root)",
+        help="directory of the git checkouts (env.swe.repos_root)",
     )
     val.add_argument(
         "--jobs",
@@ -103,7 +103,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="env.field=value",
-        help="config overrides, e.g. env.swe_pip_args=...",
+        help="config overrides, e.g. env.swe.pip_args=...",
     )
 
 
@@ -134,9 +134,9 @@ def _cache_dir(cfg: Any) -> Path:
     from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
 
     try:
-        return swe_cache_dir(cfg.swe_cache_dir)
+        return swe_cache_dir(cfg.swe.cache_dir)
     except UnsafeCacheDir as e:
-        raise ConfigError(f"env.swe_cache_dir: {e}") from None
+        raise ConfigError(f"env.swe.cache_dir: {e}") from None
 
 
 def _mine(args: argparse.Namespace, cfg: Any) -> int:
@@ -165,8 +165,8 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
     )
     root = checkout.resolve().parent
     print(
-        f"train: saorl train --config examples/swe_real.toml env.swe_tasks={out} "
-        f"env.swe_repos_root={root}"
+        f"train: saorl train --config examples/swe_real.toml env.swe.tasks={out} "
+        f"env.swe.repos_root={root}"
     )
     return 0
 

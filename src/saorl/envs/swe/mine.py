@@ -136,9 +136,9 @@ def split_changes(repo: Path, commit: str) -> tuple[list[str], list[str]] | None
 def _key(opts_repo: str, commit: str, cfg: EnvConfig, checkout: Path) -> str:
     settings = [
         code_hash(),
-        cfg.swe_pip_args,
-        cfg.swe_test_timeout_s,
-        cfg.swe_task_envs,
+        cfg.swe.pip_args,
+        cfg.swe.test_timeout_s,
+        cfg.swe.task_envs,
         str(checkout.resolve()),
     ]  # two checkouts of one name are two repositories
     digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
@@ -205,11 +205,11 @@ def _run_and_validate(
     cache_dir: Path,
 ) -> Outcome:
     """FAIL_TO_PASS and PASS_TO_PASS of the row, then its verdict."""
-    if cfg.swe_task_envs != "none":
+    if cfg.swe.task_envs != "none":
         assert task.source is not None
         try:
             env = ensure_env(
-                task.source, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+                task.source, cache_dir, shlex.split(cfg.swe.pip_args), cfg.swe.env_build_timeout_s
             )
         except EnvBuildError as e:
             return Outcome(commit, None, f"environment build failed: {e}", remember=False)
@@ -218,8 +218,8 @@ def _run_and_validate(
     if not run_files:
         return Outcome(commit, None, "its test changes hold no test module to run")
     kw = {
-        "test_timeout_s": cfg.swe_test_timeout_s,
-        "wall_s": cfg.swe_grade_timeout_s,
+        "test_timeout_s": cfg.swe.test_timeout_s,
+        "wall_s": cfg.swe.grade_timeout_s,
         "parent": cache_dir / "work",
     }
     try:

@@ -4,7 +4,7 @@ resolves the task and an empty patch does not.
     usable = prepare_tasks(load_swebench(...), cfg, cache_dir)   # what spec.py does
     results = check_tasks(tasks, cfg, cache_dir)                  # what `saorl swe-validate` prints
 
-`check_tasks` first builds each task's environment (`venv.py`, unless `env.swe_task_envs =
+`check_tasks` first builds each task's environment (`venv.py`, unless `env.swe.task_envs =
 "none"`), then grades the gold patch and the empty patch in the sandbox, exactly as an episode
 is graded. Each task gets a `Validation`: "valid", "invalid" (with the reason: the gold patch
 does not apply or leaves named tests failing, an empty patch already resolves it, no gold patch)
@@ -217,14 +217,14 @@ def check_tasks(
     """Every task, in order, with its environment attached (when built) and its verdict."""
     by_key: dict[str, Validation] = {}
     ready = tasks
-    if cfg.swe_task_envs != "none":
+    if cfg.swe.task_envs != "none":
         ready, failed = attach_envs(
-            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+            tasks, cache_dir, shlex.split(cfg.swe.pip_args), cfg.swe.env_build_timeout_s
         )
         by_key.update({f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed})
     kw = {
-        "test_timeout_s": cfg.swe_test_timeout_s,
-        "wall_s": cfg.swe_grade_timeout_s,
+        "test_timeout_s": cfg.swe.test_timeout_s,
+        "wall_s": cfg.swe.grade_timeout_s,
         "parent": cache_dir / "work",
     }
     with ThreadPoolExecutor(jobs or default_jobs()) as pool:
@@ -254,17 +254,17 @@ def table(results: list[Validation], reason_chars: int = 120) -> str:
 
 
 def prepare_tasks(
-    tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path, where: str = "env.swe_tasks"
+    tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path, where: str = "env.swe.tasks"
 ) -> list[SweTask]:
-    """The usable tasks: environments built (env.swe_task_envs) and, with env.swe_validate,
+    """The usable tasks: environments built (env.swe.task_envs) and, with env.swe.validate_tasks,
     validated; the others are logged with their reason. ConfigError when none remain."""
-    if cfg.swe_task_envs == "none" and not cfg.swe_validate:
+    if cfg.swe.task_envs == "none" and not cfg.swe.validate_tasks:
         return tasks
-    if cfg.swe_validate:
+    if cfg.swe.validate_tasks:
         checked = check_tasks(tasks, cfg, cache_dir)
     else:
         ready, failed = attach_envs(
-            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+            tasks, cache_dir, shlex.split(cfg.swe.pip_args), cfg.swe.env_build_timeout_s
         )
         bad = {f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed}
         ok = {t.key: t for t in ready}
