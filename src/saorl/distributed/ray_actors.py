@@ -301,7 +301,7 @@ class RolloutActor:
         if cfg.model.lora_push == "adapter":  # the learner's layout: its pushes are adapters
             from saorl.models.lora import add_lora
 
-            add_lora(policy, cfg, "model")
+            add_lora(policy, cfg.model)
         if cfg.rollout.engine == "hf":  # it samples from a copy of this module, on its device;
             policy.to(resolve_device(cfg.model.device))  # vLLM only reads config and weights
         self.engine = build_engine(cfg, policy, tokenizer, seed=seed, version=0)

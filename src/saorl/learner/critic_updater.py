@@ -173,7 +173,8 @@ class CriticUpdater:
         self.cfg, self.device, self.sharding = cfg, device, sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
         # critic.lora_rank's adapters; critic.name_or_path: the policy or a model of its own
-        self.critic = Critic(critic_source(cfg, policy), cfg).to(device)
+        source = critic_source(cfg.critic.name_or_path, cfg.model, policy)
+        self.critic = Critic(source, (cfg.model, cfg.critic)).to(device)
         self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
         self.sharding.shard(self.critic)
         self.new_optimizer()
