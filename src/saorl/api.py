@@ -307,5 +307,5 @@ def run_evaluation(
 
         saved = None if base_url is not None else run_config(Path(model))
         run_dir = None if saved is None else Path(saved).parent
-        path = write_results(str(model), cfg, summary, rows, out_str, run_dir)
+        path = write_results(str(model), cfg.env, summary, rows, out_str, run_dir)
     return summary, path

@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from saorl.config import Config, ConfigError, ModelConfig, load_config
+from saorl.config import Config, ConfigError, EnvConfig, ModelConfig, load_config
 from saorl.engines.factory import build_engine
 from saorl.envs.base import EnvSpec, task_key
 from saorl.evaluation.prompts import prompt_template as resolve_template
@@ -440,15 +440,15 @@ def default_results_path(model: str, name: str, run_dir: Path | None = None) -> 
 
 def write_results(
     model: str,
-    cfg: Config,
+    env: EnvConfig,
     summary: dict[str, Any],
     rows: list[dict[str, Any]],
     out: str | None,
     run_dir: Path | None = None,
 ) -> Path:
-    """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path:
-    `out`, else `default_results_path` (`run_dir`: the run `model` belongs to, if any); the
-    summary goes beside it (NAME.summary.json)."""
+    """Write `saorl eval`'s results on `env` (the `[env]` evaluated) and print its table;
+    returns the per-problem JSONL path: `out`, else `default_results_path` (`run_dir`: the run
+    `model` belongs to, if any); the summary goes beside it (NAME.summary.json)."""
     import json
 
     from rich.console import Console
@@ -457,7 +457,6 @@ def write_results(
 
     from saorl.monitoring.terminal import printable
 
-    env = cfg.env
     name = task_name(env)
     if env.name == "swe":  # SWE-bench's name for the success rate
         summary = {"resolved_rate": summary["accuracy"], **summary}

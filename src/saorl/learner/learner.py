@@ -110,7 +110,7 @@ class Learner(PolicyUpdate):
         if critic is None:
             # It copies the policy's backbone: built before the policy is sharded or gets LoRA.
             sh = self.sharding.for_critic() if cfg.critic.concurrent else self.sharding
-            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh)
+            critic = CriticUpdater(cfg, self.policy, critic_device(cfg.critic, device), sh)
         self.critic_updater = critic
         add_lora(self.policy, cfg.model)  # after the critic copied the plain backbone
         # MoE routing replay (algorithm.routing_replay), or None
@@ -234,7 +234,7 @@ class Learner(PolicyUpdate):
         return metrics
 
     def _micro_batches(self, lengths: list[int]) -> list[MicroBatch]:
-        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
+        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg.learner, x))
 
     def _settle(self, stepped: list[bool]) -> None:
         """Counters after policy optimizer steps whose flags were read: the version and the lr
