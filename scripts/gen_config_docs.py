@@ -60,8 +60,13 @@ saorl train --config my.toml learner.lr=5e-5 run.name=exp1
 
 - Overrides are `section.field=value` arguments, applied on top of `--config` (or of the
   defaults) in order, later ones winning. With `--resume RUN_DIR` the base is the run's saved
-  `config.toml` unless `--config` is given. The key is exactly `section.field`: no deeper
-  nesting, no whole sections.
+  `config.toml` unless `--config` is given. The key is `section.field`, or
+  `section.table.field` for the env families' nested tables (`env.swe.tasks=t.jsonl`, in TOML
+  `tasks = "t.jsonl"` under `[env.swe]`); never a whole section or table.
+- `[env]` nests one table per env family: `[env.swe]`, `[env.agent]`, `[env.openenv]`,
+  `[env.verifiers]` and `[env.reasoning_gym]`. The flat keys they replaced (`env.swe_tasks`,
+  `env.agent_command`, `env.rg_datasets`, `env.agent = "file.py:fn"`, ...) are refused with the
+  new key's name (`env.swe_tasks is now env.swe.tasks`); there are no aliases.
 - The value is parsed as a TOML value when it parses (`1e-4`, `true`, `["a", "b"]`, `"x"`) and
   is otherwise taken as a plain string, so `run.name=exp1` needs no quotes. For a string field
   a non-string TOML value is kept as written (`run.name=123` is the name `"123"`). For a field
