@@ -82,7 +82,7 @@ def test_repository_git_config_runs_no_command_on_the_host(tmp_path: Path):
         name="swe", swe={"source": "swebench", "task_envs": "none", "test_timeout_s": 10.0}
     )
     cache, out = tmp_path / "cache", tmp_path / "tasks.jsonl"
-    counts = mine(MineOptions(repo, out, jobs=1), cfg, cache, log=lambda _: None)
+    counts = mine(MineOptions(repo, out, jobs=1), cfg.swe, cache, log=lambda _: None)
     assert counts["written"] == 1, counts  # mined as usual: a snapshot, diffs, two test runs
     (task,) = load_swebench(out, tmp_path / "repos", cache)
     assert (task.base_dir() / "geom" / "__init__.py").read_text() == CODE

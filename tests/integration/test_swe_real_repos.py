@@ -56,7 +56,7 @@ def mined(setup: dict) -> dict:
     counts = {}
     for name in ("geom", "shapes", "acme-tools"):
         opts = MineOptions(setup["repos"] / name, out, jobs=2)
-        counts[name] = mine(opts, setup["cfg"], setup["cache"], log=logs.append)
+        counts[name] = mine(opts, setup["cfg"].swe, setup["cache"], log=logs.append)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return {"out": out, "rows": {r["repo"]: r for r in rows}, "counts": counts, "logs": logs}
 
@@ -144,7 +144,7 @@ def test_mining_finds_the_fix_and_its_tests(setup: dict, mined: dict):
     logs: list[str] = []
     counts = mine(
         MineOptions(setup["repos"] / "geom", mined["out"]),
-        setup["cfg"],
+        setup["cfg"].swe,
         setup["cache"],
         log=logs.append,
     )
@@ -176,14 +176,16 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
     ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [*mined["rows"].values(), *bad_rows]))
-    results = {v.key: v for _, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])}
+    results = {
+        v.key: v for _, v in check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
+    }
     valid = {k for k, v in results.items() if v.status == "valid"}
     assert valid == {r["instance_id"] for r in mined["rows"].values()}
     assert "an empty patch resolves it" in results["already-passing"].reason
     assert "no gold patch" in results["no-gold"].reason
     wrong = results["wrong-gold"].reason
     assert "does not resolve" in wrong and "tests/test_core.py::test_area failed" in wrong
-    again = check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+    again = check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     assert all(v.cached for _, v in again)  # verdicts read back from the cache
     # Without the per-task environment (the symptom): the repository is not
     # installed, its test dependency is missing, so even the gold patch does not resolve.
@@ -191,7 +193,7 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
         update={"swe": setup["cfg"].swe.model_copy(update={"task_envs": "none"})}
     )
     task = next(t for t in _tasks(setup, mined["out"]) if t.key == row["instance_id"])
-    ((_, verdict),) = check_tasks([task], bare, setup["cache"])
+    ((_, verdict),) = check_tasks([task], bare.swe, setup["cache"])
     assert verdict.status == "invalid"
     assert "ModuleNotFoundError: No module named 'approxeq'" in verdict.reason
 
@@ -277,18 +279,18 @@ def test_a_task_whose_environment_fails_is_reported_and_left_out(
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps(broken) + "\n" + json.dumps(mined["rows"]["geom"]) + "\n")
     checked = dict(
-        (t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+        (t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     )
     assert checked["broken-1"].status == "env_error"
     assert "No matching distribution found for no-such-dep-xyz" in checked["broken-1"].reason
     with caplog.at_level(logging.WARNING, logger="saorl.envs.swe.validate"):
-        kept = prepare_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+        kept = prepare_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     assert [t.key for t in kept] == [mined["rows"]["geom"]["instance_id"]] and kept[0].env
     assert "1 of 2 tasks left out" in caplog.text and "no-such-dep-xyz" in caplog.text
     only_broken = tmp_path / "broken.jsonl"
     only_broken.write_text(json.dumps(broken) + "\n")
     with pytest.raises(ConfigError, match="none of the 1 tasks is usable"):
-        prepare_tasks(_tasks(setup, only_broken), setup["cfg"], setup["cache"])
+        prepare_tasks(_tasks(setup, only_broken), setup["cfg"].swe, setup["cache"])
     # Training and evaluation see only the usable tasks, each with its environment.
     cfg = setup["cfg"].model_copy(
         update={

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, load_config
+from saorl.config.env_families import SweConfig
 
 COMMANDS = ("swe-mine", "swe-validate")
 
@@ -118,10 +119,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"saorl {name}: error: --jobs and --max-commits must be >= 0", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config, [*args.overrides, *extra]).env
+        swe = load_config(args.config, [*args.overrides, *extra]).env.swe
         if name == "swe-mine":
-            return _mine(args, cfg)
-        return _validate(args, cfg)
+            return _mine(args, swe)
+        return _validate(args, swe)
     except ConfigError as exc:
         print(f"saorl {name}: error: {exc}", file=sys.stderr)
         return 2
@@ -130,16 +131,16 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 130
 
 
-def _cache_dir(cfg: Any) -> Path:
+def _cache_dir(swe: SweConfig) -> Path:
     from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
 
     try:
-        return swe_cache_dir(cfg.swe.cache_dir)
+        return swe_cache_dir(swe.cache_dir)
     except UnsafeCacheDir as e:
         raise ConfigError(f"env.swe.cache_dir: {e}") from None
 
 
-def _mine(args: argparse.Namespace, cfg: Any) -> int:
+def _mine(args: argparse.Namespace, swe: SweConfig) -> int:
     from saorl.envs.swe.grading import check_pytest
     from saorl.envs.swe.mine import MineOptions, default_jobs, mine
 
@@ -156,7 +157,7 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
         max_commits=args.max_commits,
         jobs=args.jobs or default_jobs(),
     )
-    counts = mine(opts, cfg, _cache_dir(cfg))
+    counts = mine(opts, swe, _cache_dir(swe))
     print(
         f"swe-mine: {counts['written']} task(s) appended to {out} ({counts['examined']} "
         f"commit(s) examined: {counts['rejected']} candidate(s) left out, "
@@ -171,16 +172,16 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
     return 0
 
 
-def _validate(args: argparse.Namespace, cfg: Any) -> int:
+def _validate(args: argparse.Namespace, swe: SweConfig) -> int:
     from saorl.envs.swe.grading import check_pytest
     from saorl.envs.swe.swebench import load_swebench
     from saorl.envs.swe.validate import check_tasks, default_jobs, table
 
     check_pytest()
-    cache = _cache_dir(cfg)
+    cache = _cache_dir(swe)
     tasks = load_swebench(args.tasks, args.repos_root, cache)
     checked = check_tasks(
-        tasks, cfg, cache, use_cache=not args.fresh, jobs=args.jobs or default_jobs()
+        tasks, swe, cache, use_cache=not args.fresh, jobs=args.jobs or default_jobs()
     )
     results = [v for _, v in checked]
     print(table(results))

@@ -77,7 +77,7 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
             )
         check_pytest()
         tasks = load_swebench(cfg.swe.tasks, cfg.swe.repos_root, cache)
-        tasks = prepare_tasks(tasks, cfg, cache)  # environments built, tasks validated
+        tasks = prepare_tasks(tasks, cfg.swe, cache)  # environments built, tasks validated
         n_eval = min(cfg.eval_size, len(tasks))
         if held_out_only and "eval_size" not in cfg.model_fields_set:
             n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set
