@@ -121,3 +121,16 @@ def test_the_python_api_takes_nested_and_dotted_keys() -> None:
 
 def test_override_keys_of_nested_fields_are_their_dotted_names() -> None:
     assert override_keys(["env.swe.tasks=/x.jsonl", "run.name=a"]) == {"env.swe.tasks", "run.name"}
+
+
+def test_flat_views_name_nested_fields_by_their_dotted_keys(tmp_path: Path) -> None:
+    from saorl.experiments.compare import _config_diff
+    from saorl.monitoring.tracking import flat_config
+
+    cfg = load_config(None, ["env.swe.num_tasks=3", 'env.reasoning_gym.answer_format="plain"'])
+    flat = flat_config(cfg)  # MLflow params
+    assert flat["env.swe.num_tasks"] == 3 and flat["env.agent.env_passthrough"] == "[]"
+    assert "env.swe" not in flat and flat["learner.lr"] == cfg.learner.lr
+    saved = tmp_path / "config.toml"
+    saved.write_text(config_to_toml(Config()))
+    assert _config_diff(saved, cfg) == ["env.swe.num_tasks", "env.reasoning_gym.answer_format"]
