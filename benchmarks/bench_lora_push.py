@@ -73,7 +73,7 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, Any]:
     policy, tok = load_policy(cfg.model)
     if args.model == "qwen3-0.6b":
         policy = qwen3_06b(args.layers, tok)
-    add_lora(policy, cfg, "model")
+    add_lora(policy, cfg.model)
     return policy, tok, cfg
 
 
@@ -155,7 +155,7 @@ def whole_shape_bytes(tok: Any, rank: int) -> dict[str, int]:
     """Both pushes' bytes for the whole 28-layer Qwen3-0.6B shape (float32), from shapes."""
     cfg = load_config(None, [f"model.lora_rank={rank}", f"model.lora_alpha={2 * rank}"])
     model = qwen3_06b(28, tok, device="meta")
-    add_lora(model, cfg, "model")
+    add_lora(model, cfg.model)
     state = model.state_dict()
     return {
         "merged": state_bytes(merged_state(state, model)),

@@ -34,8 +34,8 @@ instructions and the question in one user message) with the tokenizer's chat tem
 generation prompt; TRL gets the same messages as a conversational `prompt` column and renders
 them through the same template (`tests/unit/test_bench_real_model.py` checks the token ids are
 equal on the real tokenizer). Same reward: `RGTasks.score` (the dataset's own scorer on the
-answer `env.rg_answer_format` extracts) of the final text. Same sampling: temperature, top-p
-and max new tokens of `[rollout]`, for TRL too (`top_k` 0).
+answer `env.reasoning_gym.answer_format` extracts) of the final text. Same sampling:
+temperature, top-p and max new tokens of `[rollout]`, for TRL too (`top_k` 0).
 
 Threads: the saorl arms run saorl's default of one torch thread per thread of work (the
 learner and the rollout thread); TRL, synchronous, gets `--trl-threads` torch threads (default
@@ -651,7 +651,7 @@ def main() -> None:
         start_eval_s = (time.perf_counter() - t_eval) / len(repeats)
         initial = repeats[0]
         env = eval_cfg.env
-        task = ", ".join(env.rg_datasets) if env.name == "reasoning_gym" else env.name
+        task = ", ".join(env.reasoning_gym.datasets) if env.name == "reasoning_gym" else env.name
         report: dict[str, Any] = {
             "benchmark": "real_model",
             "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

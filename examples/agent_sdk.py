@@ -4,7 +4,7 @@
 
 The SDK's chat-completions model is pointed at the episode's client; tracing (which would
 send spans to OpenAI) is off. The agent returns no reward: the task source's own environment
-(`env.agent_tasks`: reasoning-gym, with the dataset's own scorer) grades its last reply.
+(`env.agent.tasks`: reasoning-gym, with the dataset's own scorer) grades its last reply.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """An OpenEnv environment: guess a number from 1 to 100, with "higher"/"lower" hints.
 
-saorl serves it in-process (examples/openenv_guess.toml: `env.openenv_app`); any OpenEnv
+saorl serves it in-process (examples/openenv_guess.toml: `env.openenv.app`); any OpenEnv
 client or server runner can use it too, e.g. `uvicorn examples.openenv_guess:app --port 8000`
-(then `env.openenv_url = "http://127.0.0.1:8000"`). Needs `pip install 'saorl[openenv]'`.
+(then `env.openenv.url = "http://127.0.0.1:8000"`). Needs `pip install 'saorl[openenv]'`.
 docs/openenv.md walks through it.
 """
 

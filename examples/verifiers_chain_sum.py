@@ -2,7 +2,7 @@
 each task's prompt is the item's question; its rubric is the item's own `score_answer` (reward
 `correct`, weight 1) and a metric, the length of the reply. Trained by
 examples/verifiers_chain_sum.toml (docs/verifiers.md); verifiers loads it by its path
-(env.verifiers_env), or by its module name once installed or on the import path."""
+(env.verifiers.taskset), or by its module name once installed or on the import path."""
 
 from __future__ import annotations
 

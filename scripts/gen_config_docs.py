@@ -21,6 +21,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel
 
 from saorl.config import Config
+from saorl.config.base import leaf_fields
 from saorl.config.io import bounds_text
 from saorl.config.presets import preset_rows
 
@@ -59,8 +60,13 @@ saorl train --config my.toml learner.lr=5e-5 run.name=exp1
 
 - Overrides are `section.field=value` arguments, applied on top of `--config` (or of the
   defaults) in order, later ones winning. With `--resume RUN_DIR` the base is the run's saved
-  `config.toml` unless `--config` is given. The key is exactly `section.field`: no deeper
-  nesting, no whole sections.
+  `config.toml` unless `--config` is given. The key is `section.field`, or
+  `section.table.field` for the env families' nested tables (`env.swe.tasks=t.jsonl`, in TOML
+  `tasks = "t.jsonl"` under `[env.swe]`); never a whole section or table.
+- `[env]` nests one table per env family: `[env.swe]`, `[env.agent]`, `[env.openenv]`,
+  `[env.verifiers]` and `[env.reasoning_gym]`. The flat keys they replaced (`env.swe_tasks`,
+  `env.agent_command`, `env.rg_datasets`, `env.agent = "file.py:fn"`, ...) are refused with the
+  new key's name (`env.swe_tasks is now env.swe.tasks`); there are no aliases.
 - The value is parsed as a TOML value when it parses (`1e-4`, `true`, `["a", "b"]`, `"x"`) and
   is otherwise taken as a plain string, so `run.name=exp1` needs no quotes. For a string field
   a non-string TOML value is kept as written (`run.name=123` is the name `"123"`). For a field
@@ -120,7 +126,7 @@ def missing_descriptions() -> list[str]:
     for section, section_info in Config.model_fields.items():
         if not (section_info.description or "").strip():
             missing.append(section)
-        for name, info in _section_model(section).model_fields.items():
+        for name, info in leaf_fields(_section_model(section)).items():
             if not (info.description or "").strip():
                 missing.append(f"{section}.{name}")
     return missing
@@ -140,7 +146,7 @@ def render() -> str:
         if doc:
             lines += [_cell(doc), ""]
         lines += ["| field | type | default | description |", "|---|---|---|---|"]
-        for name, field in model.model_fields.items():
+        for name, field in leaf_fields(model).items():
             kind = _type_text(field.annotation)
             bounds = bounds_text(field)
             if bounds:

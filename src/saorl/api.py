@@ -27,6 +27,7 @@ Errors are raised, not turned into exit codes: `ConfigError` for a bad input.
 
 from __future__ import annotations
 
+import copy
 import os
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -41,6 +42,7 @@ from saorl.config import (
     load_config,
     parse_override,
 )
+from saorl.config.base import leaf_fields, set_dotted
 from saorl.config.env import reference_kind
 
 TRUST_ARG = "trust_remote_code=True"  # how the Python API names the flag in its errors
@@ -74,7 +76,7 @@ def make_config(config: ConfigLike = None, overrides: Overrides = None, env: Any
             overrides = [overrides]
         for item in overrides:
             section, name, value = parse_override(item)
-            data.setdefault(section, {})[name] = value
+            set_dotted(data, f"{section}.{name}", value)
     if env is not None:
         data = _merge(data, {"env.name": env if isinstance(env, str) else _env_name(env)})
     return config_from_dict(data)
@@ -93,8 +95,7 @@ def _trusted(
         )
     if saved is not None:
         if isinstance(overrides, Mapping):
-            given = {str(k) for k, v in overrides.items() if "." in str(k)}
-            given |= {f"{k}.{n}" for k, v in overrides.items() if isinstance(v, Mapping) for n in v}
+            given = set(_dotted_items(overrides))
         else:
             given = override_keys([overrides] if isinstance(overrides, str) else overrides or [])
         check_saved_code(
@@ -115,25 +116,36 @@ def _env_name(obj: Any) -> str:
 
 def _merge(data: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
     """`updates` (nested sections or dotted `section.field` keys) applied to a copy of `data`."""
-    out = {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-    for key, value in updates.items():
-        section, dot, name = str(key).partition(".")
-        if dot:
-            table = out.setdefault(section, {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"{section}: must be a table, got {table!r}")
-            table[name] = value
-        elif isinstance(value, Mapping):
-            table = out.setdefault(section, {})
-            if not isinstance(table, dict):
-                raise ConfigError(f"{section}: must be a table, got {table!r}")
-            table.update(value)
-        else:
+    out = copy.deepcopy(dict(data))
+    for key, value in _dotted_items(updates).items():
+        if "." not in key:
             raise ConfigError(
                 f"config key {key!r}: use 'section.field' (e.g. 'run.total_steps') or a "
                 "nested {section: {field: value}} dict"
             )
+        set_dotted(out, key, value)
     return out
+
+
+def _dotted_items(updates: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """`{"env": {"swe": {"tasks": x}}}` and `{"env.swe": {"tasks": x}}` as
+    `{"env.swe.tasks": x}`; a table that is a value (`env.args`) is kept whole."""
+    out: dict[str, Any] = {}
+    for key, value in updates.items():
+        dotted = f"{prefix}{key}"
+        path = tuple(dotted.split("."))
+        if isinstance(value, Mapping) and (not prefix or _is_table_path(path)):
+            out.update(_dotted_items(value, f"{dotted}."))
+        else:
+            out[dotted] = value
+    return out
+
+
+def _is_table_path(path: tuple[str, ...]) -> bool:
+    """Whether `path` names a section or a nested table of `Config` (not a field)."""
+    fields = leaf_fields(Config)
+    dotted = ".".join(path)
+    return dotted not in fields and any(f.startswith(f"{dotted}.") for f in fields)
 
 
 def train_config(
@@ -295,5 +307,5 @@ def run_evaluation(
 
         saved = None if base_url is not None else run_config(Path(model))
         run_dir = None if saved is None else Path(saved).parent
-        path = write_results(str(model), cfg, summary, rows, out_str, run_dir)
+        path = write_results(str(model), cfg.env, summary, rows, out_str, run_dir)
     return summary, path

@@ -31,10 +31,10 @@ def _args(tmp_path, name: str) -> tuple[list[str], bytes]:
     marker = f"saorl-test-{uuid.uuid4().hex}"
     args = [
         "env.name=agent",
-        f"env.agent_command={sys.executable} {tmp_path / 'agent.py'} {marker}",
-        "env.agent_tasks=arithmetic",
+        f"env.agent.command={sys.executable} {tmp_path / 'agent.py'} {marker}",
+        "env.agent.tasks=arithmetic",
         # Command agents get only the variables listed (docs/security.md): the test's sleep too.
-        "env.agent_env_passthrough=['SAORL_TEST_SLEEP']",
+        "env.agent.env_passthrough=['SAORL_TEST_SLEEP']",
         f"run.output_dir={tmp_path}",
         f"run.name={name}",
         *TINY,

@@ -81,8 +81,8 @@ def test_a_command_agent_trains(tmp_path, monkeypatch, concurrency):
     args = [
         f"run.concurrency={concurrency}",  # process: the children build the env themselves
         "env.name=agent",
-        f"env.agent_command={sys.executable} agent.py",
-        "env.agent_tasks=arithmetic",
+        f"env.agent.command={sys.executable} agent.py",
+        "env.agent.tasks=arithmetic",
         "run.output_dir=runs",
         "run.name=cmd",
         *TINY,
@@ -135,8 +135,8 @@ def test_agents_under_ray_call_their_own_actors_endpoint(tmp_path):
             "rollout.num_workers=2",
             "ray.rollout_num_cpus=0.5",
             "env.name=agent",
-            f"env.agent_command={sys.executable} {agent}",
-            "env.agent_tasks=arithmetic",
+            f"env.agent.command={sys.executable} {agent}",
+            "env.agent.tasks=arithmetic",
             f"run.output_dir={tmp_path}",
             "run.name=ray",
             *TINY,

@@ -220,10 +220,10 @@ def test_held_out_only_swebench_file(monkeypatch, tmp_path):
     monkeypatch.setattr(saorl.envs.swe.swebench, "load_swebench", lambda *a: list(range(10)))
     swe = [
         "env.name=swe",
-        "env.swe_source=swebench",
-        f"env.swe_tasks={tmp_path / 't.jsonl'}",
-        "env.swe_task_envs=none",
-        "env.swe_validate=false",
+        "env.swe.source=swebench",
+        f"env.swe.tasks={tmp_path / 't.jsonl'}",
+        "env.swe.task_envs=none",
+        "env.swe.validate_tasks=false",
     ]  # the tasks here are stand-ins
 
     def held_out(*overrides: str) -> list:

@@ -30,13 +30,13 @@ def _saorl(*args: str) -> subprocess.CompletedProcess:
 
 def test_mine_validate_and_train(tmp_path: Path):
     setup = build_all(tmp_path)
-    env = [f"env.swe_pip_args={setup['pip_args']}", f"env.swe_cache_dir={tmp_path / 'cache'}"]
+    env = [f"env.swe.pip_args={setup['pip_args']}", f"env.swe.cache_dir={tmp_path / 'cache'}"]
     out = tmp_path / "tasks.jsonl"
     for name in ("geom", "shapes"):
         mined = _saorl("swe-mine", str(setup["repos"] / name), "--out", str(out), *env)
         assert mined.returncode == 0, mined.stderr[-3000:]
         assert "1 task(s) appended" in mined.stdout
-        assert f"env.swe_repos_root={setup['repos']}" in mined.stdout  # the next command
+        assert f"env.swe.repos_root={setup['repos']}" in mined.stdout  # the next command
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["repo"] for r in rows] == ["geom", "shapes"]
     assert rows[0]["FAIL_TO_PASS"] == ["tests/test_core.py::test_area"]
@@ -49,8 +49,8 @@ def test_mine_validate_and_train(tmp_path: Path):
         "train",
         "--config",
         "examples/swe_real.toml",
-        f"env.swe_tasks={out}",
-        f"env.swe_repos_root={setup['repos']}",
+        f"env.swe.tasks={out}",
+        f"env.swe.repos_root={setup['repos']}",
         *env,
         f"run.output_dir={tmp_path / 'runs'}",
         "run.name=real",

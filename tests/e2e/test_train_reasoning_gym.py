@@ -12,9 +12,9 @@ import pytest
 
 TINY = [
     "env.name=reasoning_gym",
-    'env.rg_datasets=["chain_sum"]',
+    'env.reasoning_gym.datasets=["chain_sum"]',
     "env.use_tool=false",
-    "env.rg_answer_format=plain",
+    "env.reasoning_gym.answer_format=plain",
     "env.instructions=false",
     "env.eval_size=8",
     "env.args={chain_sum={min_terms=2, max_terms=2, min_digits=1, max_digits=1, size=1000}}",
@@ -66,7 +66,7 @@ def test_train_then_eval_on_chain_sum(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (['env.rg_datasets=["chain_summ"]'], "did you mean chain_sum"),
+        (['env.reasoning_gym.datasets=["chain_summ"]'], "did you mean chain_sum"),
         (["env.args={leg_counting={weight=2}}"], "env.args.leg_counting: not one of"),
         (["env.args={chain_sum={min_term=2}}"], "chain_sum's settings: min_terms"),
     ],

@@ -158,7 +158,7 @@ def test_data_in_errors_and_eval_tables_reaches_the_terminal_escaped(tmp_path: P
     from saorl.evaluation.held_out import write_results
 
     capsys.readouterr()
-    write_results(f"served[link=http://x]{_OSC}", load_config(), {"k": 1}, [], str(out))
+    write_results(f"served[link=http://x]{_OSC}", load_config().env, {"k": 1}, [], str(out))
     table = capsys.readouterr().out
     # Shown as text, not taken as rich markup.
     assert "\x1b]" not in table and "\x07" not in table and "served[link=http:/" in table
@@ -191,8 +191,8 @@ def test_swe_commands_print_task_data_escaped(tmp_path: Path, capsys):
             str(tasks),
             "--repos-root",
             str(tmp_path / "repos"),
-            f"env.swe_cache_dir={tmp_path / 'cache'}",
-            "env.swe_task_envs=none",
+            f"env.swe.cache_dir={tmp_path / 'cache'}",
+            "env.swe.task_envs=none",
         ]
     )
     captured = capsys.readouterr()

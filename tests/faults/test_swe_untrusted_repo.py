@@ -3,7 +3,7 @@
 Each test plants one attack (issue 26, parts 1 and 2) and checks that it has no effect on the
 host: the repository's `.git/config` naming commands (fsmonitor, external diff, textconv,
 filters, hooks), build code reading a secret and writing outside its venv, a row whose `repo`
-leaves `env.swe_repos_root`, a directory symlink out of the repository, a cache directory or
+leaves `env.swe.repos_root`, a directory symlink out of the repository, a cache directory or
 record someone else planted. docs/reliability.md's hostile-input table lists them.
 """
 
@@ -79,10 +79,10 @@ def test_repository_git_config_runs_no_command_on_the_host(tmp_path: Path):
         value = str(hooks) if name is None else script(bin_dir / name)
         git(repo, "config", key, value)
     cfg = EnvConfig(
-        name="swe", swe_source="swebench", swe_task_envs="none", swe_test_timeout_s=10.0
+        name="swe", swe={"source": "swebench", "task_envs": "none", "test_timeout_s": 10.0}
     )
     cache, out = tmp_path / "cache", tmp_path / "tasks.jsonl"
-    counts = mine(MineOptions(repo, out, jobs=1), cfg, cache, log=lambda _: None)
+    counts = mine(MineOptions(repo, out, jobs=1), cfg.swe, cache, log=lambda _: None)
     assert counts["written"] == 1, counts  # mined as usual: a snapshot, diffs, two test runs
     (task,) = load_swebench(out, tmp_path / "repos", cache)
     assert (task.base_dir() / "geom" / "__init__.py").read_text() == CODE
@@ -141,7 +141,7 @@ def test_a_row_whose_repo_leaves_the_repos_root_is_refused(tmp_path: Path, capsy
         path.write_text(json.dumps(row) + "\n")
         with pytest.raises(ConfigError, match=r"line 1: repo .* is not a repository name"):
             load_swebench(path, root, tmp_path / "cache")
-    cache = f"env.swe_cache_dir={tmp_path / 'cache'}"
+    cache = f"env.swe.cache_dir={tmp_path / 'cache'}"
     assert main(["swe-validate", str(path), "--repos-root", str(root), cache]) == 2
     assert f"{path} line 1: repo {repo!r} is not a repository name" in capsys.readouterr().err
 

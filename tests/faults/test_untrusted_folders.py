@@ -79,12 +79,12 @@ def test_eval_and_resume_of_a_run_folder_refuse_the_code_it_names(tmp_path: Path
 @pytest.mark.parametrize(
     ("fields", "key"),
     [
-        ({"name": "agent", "agent_command": "{python} {d}/evil.py"}, "env.agent_command"),
-        ({"name": "agent", "agent": "{d}/evil.py:make"}, "env.agent"),
-        ({"name": "verifiers", "verifiers_env": "{d}/evil.py"}, "env.verifiers_env"),
-        ({"verifiers_python": "{d}/evil.py"}, "env.verifiers_python"),
-        ({"name": "openenv", "openenv_app": "{d}/evil.py:make"}, "env.openenv_app"),
-        ({"agent_tasks": "{d}/evil.py:make"}, "env.agent_tasks"),
+        ({"name": "agent", "agent.command": "{python} {d}/evil.py"}, "env.agent.command"),
+        ({"name": "agent", "agent.function": "{d}/evil.py:make"}, "env.agent.function"),
+        ({"name": "verifiers", "verifiers.taskset": "{d}/evil.py"}, "env.verifiers.taskset"),
+        ({"verifiers.python": "{d}/evil.py"}, "env.verifiers.python"),
+        ({"name": "openenv", "openenv.app": "{d}/evil.py:make"}, "env.openenv.app"),
+        ({"agent.tasks": "{d}/evil.py:make"}, "env.agent.tasks"),
     ],
 )
 def test_a_run_folder_naming_a_command_or_program_runs_nothing(
@@ -127,7 +127,7 @@ def test_every_field_that_names_code_is_checked(tmp_path: Path, fields: dict, ke
 
 
 @pytest.mark.parametrize(
-    "field", ["model.trust_remote_code=true", "env.swe_pip_args=--index-url http://x/simple"]
+    "field", ["model.trust_remote_code=true", "env.swe.pip_args=--index-url http://x/simple"]
 )
 def test_saved_settings_that_run_code_are_not_this_commands(tmp_path: Path, field: str):
     run, _ = _planted(tmp_path)

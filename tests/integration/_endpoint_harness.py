@@ -47,7 +47,7 @@ def run_agents(
     """Every trajectory the worker emits for `tasks` (one episode each), and the worker.
     `make_env`: the programs' factory (an EnvSpec's), instead of an AgentProgram of `fn` or
     `command`; `configure(worker)` runs before it starts."""
-    cfg = EnvConfig(agent_command=command, tool_format=tool_format, step_timeout_s=timeout_s)
+    cfg = EnvConfig(tool_format=tool_format, step_timeout_s=timeout_s, agent={"command": command})
     feed = FixedFeed(list(tasks))
     out: queue.Queue = queue.Queue()
     limits = AgentLimits(

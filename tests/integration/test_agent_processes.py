@@ -1,4 +1,4 @@
-"""Command agents' processes (`env.agent_command`, saorl.envs.agent_procs): at most
+"""Command agents' processes (`env.agent.command`, saorl.envs.agent_procs): at most
 `rollout.max_agent_processes` run at once, and each goes with its whole process group when its
 episode ends or times out: what a program leaves running does not outlive its episode."""
 

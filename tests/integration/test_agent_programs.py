@@ -195,10 +195,9 @@ def test_agents_on_reasoning_gym_tasks_are_graded_by_the_dataset():
 
     cfg = EnvConfig(
         name="agent",
-        agent=f"{__file__}:_rg_agent",
-        agent_tasks="reasoning_gym",
-        rg_datasets=["chain_sum"],
         eval_size=2,
+        agent={"function": f"{__file__}:_rg_agent", "tasks": "reasoning_gym"},
+        reasoning_gym={"datasets": ["chain_sum"]},
     )
     spec = build_env(cfg)
     right, wrong = spec.task.held_out
@@ -279,7 +278,7 @@ def test_an_agent_that_returns_none_is_told_once(capfd):
         )
 
     told: set[str] = set()  # one run's notes, as build_agent_spec shares them
-    cfg = EnvConfig(agent="my_agent.py:run", step_timeout_s=60.0)
+    cfg = EnvConfig(step_timeout_s=60.0, agent={"function": "my_agent.py:run"})
     tasks = [{**TASK, "key": k} for k in ("a", "b", "c")]
     trajs, _ = run_agents(
         ScriptedEngine(tok, ["42"] * 3),
@@ -290,7 +289,7 @@ def test_an_agent_that_returns_none_is_told_once(capfd):
     assert [t.reward for t in trajs] == [1.0] * 3  # the grader scored each one
     err = capfd.readouterr().err
     assert err.count("returned None") == 1, err
-    assert "my_agent.py:run' returned None, so the grader of env.agent_tasks ('math')" in err
+    assert "my_agent.py:run' returned None, so the grader of env.agent.tasks ('math')" in err
 
 
 def _grader():
@@ -321,8 +320,8 @@ def test_a_command_agent_sees_only_the_environment_it_is_given(tmp_path, monkeyp
     script = tmp_path / "agent.py"
     script.write_text(ENV_AGENT)
     monkeypatch.setenv("HF_TOKEN", "hf_secret")  # a host secret: never passed on
-    monkeypatch.setenv("MY_SETTING", "x")  # listed in env.agent_env_passthrough: passed on
-    cfg = EnvConfig(agent_command=f"{sys.executable} {script}", agent_env_passthrough=["MY_*"])
+    monkeypatch.setenv("MY_SETTING", "x")  # listed in env.agent.env_passthrough: passed on
+    cfg = EnvConfig(agent={"command": f"{sys.executable} {script}", "env_passthrough": ["MY_*"]})
     tok = _tok()
     [traj], _ = run_agents(
         ScriptedEngine(tok, ["42"]),

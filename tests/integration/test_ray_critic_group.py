@@ -87,7 +87,10 @@ def test_a_run_with_a_critic_group_resumes_from_its_checkpoint(tmp_path, local_r
     saved = load_state_file(list_checkpoints(run_dir)[-1])
     assert saved["step"] == 2 and "sharded" not in saved
     cfg = config(2)
-    assert saved["critic"].keys() == Critic(load_policy(cfg.model)[0], cfg).state_dict().keys()
+    assert (
+        saved["critic"].keys()
+        == Critic(load_policy(cfg.model)[0], (cfg.model, cfg.critic)).state_dict().keys()
+    )
     assert train_from_config(config(3), resume=str(run_dir))["steps"] == 3
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss/value" in r] == [1, 2, 3]

@@ -32,7 +32,7 @@ ELSEWHERE = {
     "openenv": "needs an OpenEnv server",
     "verifiers": "needs a verifiers taskset",
 }
-OVERRIDES = {"reasoning_gym": ('env.rg_datasets=["chain_sum"]',)}
+OVERRIDES = {"reasoning_gym": ('env.reasoning_gym.datasets=["chain_sum"]',)}
 
 
 def _scripts(name: str, task, spec) -> dict[str, tuple[list[str], int]]:

@@ -139,7 +139,7 @@ def test_swe_tasks_take_command_agents_only(tmp_path):
     from saorl.config import ConfigError, EnvConfig
     from saorl.envs.factory import build_env
 
-    cfg = EnvConfig(name="agent", agent_tasks="swe", agent="my_agent.py:run")
+    cfg = EnvConfig(name="agent", agent={"tasks": "swe", "function": "my_agent.py:run"})
     with pytest.raises(ConfigError, match="runs command agents"):
         build_env(cfg)
 
@@ -156,7 +156,7 @@ def test_a_command_gets_the_runner_and_a_folder_in_the_run(task, tmp_path, in_ru
     from saorl.envs.agent import AgentProgram
 
     command = f"{sys.executable} -c {shlex.quote(SHOW_ENV)}"
-    cfg = EnvConfig(name="agent", agent_tasks="swe", agent_command=command)
+    cfg = EnvConfig(name="agent", agent={"tasks": "swe", "command": command})
     run_dir = tmp_path / "run"
     work = tmp_path / "work"
     # the run folder as `saorl train` passes it (saorl.loop -> build_env(run_dir=...))

@@ -37,12 +37,14 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> dict:
     s["cache"] = root / "cache"
     s["cfg"] = EnvConfig(
         name="swe",
-        swe_source="swebench",
-        swe_pip_args=s["pip_args"],
-        swe_cache_dir=str(s["cache"]),
         tool_format="hermes",
         eval_size=1,
-        swe_test_timeout_s=10.0,
+        swe={
+            "source": "swebench",
+            "pip_args": s["pip_args"],
+            "cache_dir": str(s["cache"]),
+            "test_timeout_s": 10.0,
+        },
     )
     return s
 
@@ -54,7 +56,7 @@ def mined(setup: dict) -> dict:
     counts = {}
     for name in ("geom", "shapes", "acme-tools"):
         opts = MineOptions(setup["repos"] / name, out, jobs=2)
-        counts[name] = mine(opts, setup["cfg"], setup["cache"], log=logs.append)
+        counts[name] = mine(opts, setup["cfg"].swe, setup["cache"], log=logs.append)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return {"out": out, "rows": {r["repo"]: r for r in rows}, "counts": counts, "logs": logs}
 
@@ -142,7 +144,7 @@ def test_mining_finds_the_fix_and_its_tests(setup: dict, mined: dict):
     logs: list[str] = []
     counts = mine(
         MineOptions(setup["repos"] / "geom", mined["out"]),
-        setup["cfg"],
+        setup["cfg"].swe,
         setup["cache"],
         log=logs.append,
     )
@@ -174,20 +176,24 @@ def test_validation_gold_resolves_and_empty_does_not(setup: dict, mined: dict, t
     ]
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in [*mined["rows"].values(), *bad_rows]))
-    results = {v.key: v for _, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])}
+    results = {
+        v.key: v for _, v in check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
+    }
     valid = {k for k, v in results.items() if v.status == "valid"}
     assert valid == {r["instance_id"] for r in mined["rows"].values()}
     assert "an empty patch resolves it" in results["already-passing"].reason
     assert "no gold patch" in results["no-gold"].reason
     wrong = results["wrong-gold"].reason
     assert "does not resolve" in wrong and "tests/test_core.py::test_area failed" in wrong
-    again = check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+    again = check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     assert all(v.cached for _, v in again)  # verdicts read back from the cache
     # Without the per-task environment (the symptom): the repository is not
     # installed, its test dependency is missing, so even the gold patch does not resolve.
-    bare = setup["cfg"].model_copy(update={"swe_task_envs": "none"})
+    bare = setup["cfg"].model_copy(
+        update={"swe": setup["cfg"].swe.model_copy(update={"task_envs": "none"})}
+    )
     task = next(t for t in _tasks(setup, mined["out"]) if t.key == row["instance_id"])
-    ((_, verdict),) = check_tasks([task], bare, setup["cache"])
+    ((_, verdict),) = check_tasks([task], bare.swe, setup["cache"])
     assert verdict.status == "invalid"
     assert "ModuleNotFoundError: No module named 'approxeq'" in verdict.reason
 
@@ -196,8 +202,8 @@ def test_swe_validate_cli(setup: dict, mined: dict, tmp_path: Path, capsys):
     common = [
         "--repos-root",
         str(setup["repos"]),
-        f"env.swe_pip_args={setup['pip_args']}",
-        f"env.swe_cache_dir={setup['cache']}",
+        f"env.swe.pip_args={setup['pip_args']}",
+        f"env.swe.cache_dir={setup['cache']}",
     ]
     assert main(["swe-validate", str(mined["out"]), *common]) == 0
     out = capsys.readouterr().out
@@ -273,21 +279,25 @@ def test_a_task_whose_environment_fails_is_reported_and_left_out(
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps(broken) + "\n" + json.dumps(mined["rows"]["geom"]) + "\n")
     checked = dict(
-        (t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+        (t.key, v) for t, v in check_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     )
     assert checked["broken-1"].status == "env_error"
     assert "No matching distribution found for no-such-dep-xyz" in checked["broken-1"].reason
     with caplog.at_level(logging.WARNING, logger="saorl.envs.swe.validate"):
-        kept = prepare_tasks(_tasks(setup, path), setup["cfg"], setup["cache"])
+        kept = prepare_tasks(_tasks(setup, path), setup["cfg"].swe, setup["cache"])
     assert [t.key for t in kept] == [mined["rows"]["geom"]["instance_id"]] and kept[0].env
     assert "1 of 2 tasks left out" in caplog.text and "no-such-dep-xyz" in caplog.text
     only_broken = tmp_path / "broken.jsonl"
     only_broken.write_text(json.dumps(broken) + "\n")
     with pytest.raises(ConfigError, match="none of the 1 tasks is usable"):
-        prepare_tasks(_tasks(setup, only_broken), setup["cfg"], setup["cache"])
+        prepare_tasks(_tasks(setup, only_broken), setup["cfg"].swe, setup["cache"])
     # Training and evaluation see only the usable tasks, each with its environment.
     cfg = setup["cfg"].model_copy(
-        update={"swe_tasks": str(path), "swe_repos_root": str(setup["repos"])}
+        update={
+            "swe": setup["cfg"].swe.model_copy(
+                update={"tasks": str(path), "repos_root": str(setup["repos"])}
+            )
+        }
     )
     spec = build_env(cfg, held_out_only=True)
     assert [t.key for t in spec.task.held_out] == [mined["rows"]["geom"]["instance_id"]]

@@ -101,12 +101,14 @@ def test_loader_snapshot_at_base_commit_and_grading(setup):
 def test_env_factory_with_a_swebench_file(setup):
     cfg = EnvConfig(
         name="swe",
-        swe_source="swebench",
-        swe_tasks=str(setup["file"]),
-        swe_repos_root=str(setup["root"]),
-        swe_cache_dir=str(setup["cache"]),
         eval_size=5,
         tool_format="hermes",
+        swe={
+            "source": "swebench",
+            "tasks": str(setup["file"]),
+            "repos_root": str(setup["root"]),
+            "cache_dir": str(setup["cache"]),
+        },
     )
     spec = build_env(cfg)
     assert [t.key for t in spec.task.held_out] == ["acme__widgets-1"]
@@ -122,7 +124,7 @@ def test_missing_repository_names_the_repo_and_paths(setup, tmp_path: Path):
     with pytest.raises(ConfigError) as err:
         load_swebench(bad, setup["root"], tmp_path / "cache")
     message = str(err.value)
-    assert "'acme/gadgets' is not present under env.swe_repos_root" in message
+    assert "'acme/gadgets' is not present under env.swe.repos_root" in message
     assert str(setup["root"] / "acme__gadgets") in message and "line 1" in message
 
 

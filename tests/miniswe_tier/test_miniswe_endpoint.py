@@ -24,14 +24,15 @@ pytestmark = MINISWE_TIER
 def test_tool_call_turns_are_one_trajectory_and_the_fix_is_graded(tmp_path):
     cfg = EnvConfig(
         name="agent",
-        agent_tasks="swe",
-        agent_command=f"{PYTHON} {RUNNER}",
-        swe_source="generated",
-        swe_num_tasks=1,
         eval_size=1,
-        swe_cache_dir=str(tmp_path / "cache"),
-        swe_test_timeout_s=5.0,
         step_timeout_s=300.0,
+        agent={"tasks": "swe", "command": f"{PYTHON} {RUNNER}"},
+        swe={
+            "source": "generated",
+            "num_tasks": 1,
+            "cache_dir": str(tmp_path / "cache"),
+            "test_timeout_s": 5.0,
+        },
     )
     spec = build_env(cfg, held_out_only=True)
     task = spec.task.held_out[0]

@@ -28,14 +28,14 @@ pytestmark = MINISWE_TIER
 def _program(tmp_path: Path, *args: str, run_dir: Path | None = None):
     cfg = EnvConfig(
         name="agent",
-        agent_tasks="swe",
-        # the runner saorl ships, named as examples/swe_mini_agent.toml names it
-        agent_command=" ".join([PYTHON, '"$SAORL_MINISWE_RUNNER"', *args]),
-        swe_source="generated",
-        swe_num_tasks=1,
         eval_size=1,
-        swe_cache_dir=str(tmp_path / "cache"),
-        swe_test_timeout_s=5.0,
+        agent={"tasks": "swe", "command": " ".join([PYTHON, '"$SAORL_MINISWE_RUNNER"', *args])},
+        swe={
+            "source": "generated",
+            "num_tasks": 1,
+            "cache_dir": str(tmp_path / "cache"),
+            "test_timeout_s": 5.0,
+        },
     )
     spec = build_env(cfg, held_out_only=True, run_dir=run_dir)  # as `saorl train` passes it
     return spec.make_env(), spec.task.held_out[0]

@@ -1,5 +1,5 @@
 """mini-swe-agent on a task mined with `saorl swe-mine` from a git repository built here (a
-SWE-bench-format row, `env.swe_source = "swebench"`): the row's problem statement (the fix's
+SWE-bench-format row, `env.swe.source = "swebench"`): the row's problem statement (the fix's
 commit message) is what mini-swe-agent is asked, its commands edit the checkout's copy in the
 sandbox, and the row's FAIL_TO_PASS / PASS_TO_PASS tests grade it."""
 
@@ -22,7 +22,7 @@ pytestmark = MINISWE_TIER
 
 def test_mini_swe_agent_resolves_a_mined_task(tmp_path: Path):
     setup = build_all(tmp_path)
-    settings = [f"env.swe_pip_args={setup['pip_args']}", f"env.swe_cache_dir={tmp_path / 'cache'}"]
+    settings = [f"env.swe.pip_args={setup['pip_args']}", f"env.swe.cache_dir={tmp_path / 'cache'}"]
     out = tmp_path / "tasks.jsonl"
     mine = [sys.executable, "-m", "saorl", "swe-mine", str(setup["repos"] / "geom"), "--out"]
     mined = subprocess.run(
@@ -34,14 +34,15 @@ def test_mini_swe_agent_resolves_a_mined_task(tmp_path: Path):
 
     cfg = EnvConfig(
         name="agent",
-        agent_tasks="swe",
-        agent_command=f'{PYTHON} "$SAORL_MINISWE_RUNNER"',
-        swe_source="swebench",
-        swe_tasks=str(out),
-        swe_repos_root=str(setup["repos"]),
-        swe_pip_args=setup["pip_args"],
-        swe_cache_dir=str(tmp_path / "cache"),
-        swe_test_timeout_s=30.0,
+        agent={"tasks": "swe", "command": f'{PYTHON} "$SAORL_MINISWE_RUNNER"'},
+        swe={
+            "source": "swebench",
+            "tasks": str(out),
+            "repos_root": str(setup["repos"]),
+            "pip_args": setup["pip_args"],
+            "cache_dir": str(tmp_path / "cache"),
+            "test_timeout_s": 30.0,
+        },
     )
     spec = build_env(cfg, held_out_only=True, run_dir=tmp_path / "run")  # as `saorl train` does
     (task,) = spec.task.held_out

@@ -24,10 +24,10 @@ def test_the_example_trains_two_steps_through_mini_swe_agent(tmp_path):
     # saorl's report plots with matplotlib, which keeps a font cache in the home: elsewhere
     env.update(HOME=str(home), MPLCONFIGDIR=str(tmp_path / "mpl"))
     args = [
-        f'env.agent_command={PYTHON} "$SAORL_MINISWE_RUNNER"',  # the example's, its venv here
-        f"env.swe_cache_dir={tmp_path / 'cache'}",
+        f'env.agent.command={PYTHON} "$SAORL_MINISWE_RUNNER"',  # the example's, its venv here
+        f"env.swe.cache_dir={tmp_path / 'cache'}",
         f"run.output_dir={tmp_path / 'runs'}",
-        "env.swe_num_tasks=1",
+        "env.swe.num_tasks=1",
         "env.eval_size=1",
         "learner.batch_size=2",
         "rollout.max_concurrent=2",

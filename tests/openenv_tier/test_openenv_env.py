@@ -79,7 +79,7 @@ def guess(n) -> str:
 
 
 def test_good_and_bad_actions_in_one_episode():
-    cfg = EnvConfig(name="openenv", openenv_app=APP, args={"max_guesses": 5})
+    cfg = EnvConfig(name="openenv", args={"max_guesses": 5}, openenv={"app": APP})
     spec = build_env(cfg)  # the app starts with the first episode
     closed = _counts()["close"]
     turns = [
@@ -179,7 +179,7 @@ def test_a_full_server_makes_the_episode_wait_for_a_free_session(capfd):
 def test_a_one_session_server_written_the_plainest_way_runs_every_episode():
     """`create_app(Env, Action, Observation)`: one session. The worker has room for eight
     episodes; all of them run, one after the other, none fails."""
-    spec = build_env(EnvConfig(name="openenv", openenv_app=PLAIN, args={"max_guesses": 2}))
+    spec = build_env(EnvConfig(name="openenv", args={"max_guesses": 2}, openenv={"app": PLAIN}))
     tok = _tokenizer("hermes")
     engine = ScriptedEngine(tok, [guess(1)] * 16)
     engine.max_concurrent = 8

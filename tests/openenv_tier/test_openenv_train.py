@@ -54,7 +54,7 @@ def test_a_one_session_server_trains_as_it_is(tmp_path, monkeypatch, capfd):
     episode at a time, none failed; one line says why it is slow."""
     monkeypatch.chdir(ROOT)
     config = ROOT / "examples" / "openenv_guess.toml"
-    app = "env.openenv_app=tests/openenv_tier/_guess_env.py:plain_app"
+    app = "env.openenv.app=tests/openenv_tier/_guess_env.py:plain_app"
     assert main(["train", "--config", str(config), f"run.output_dir={tmp_path}", *TINY, app]) == 0
     rows = [json.loads(x) for x in (tmp_path / "openenv_guess" / "metrics.jsonl").open()]
     trained = [r for r in rows if "loss/policy" in r or "critic/loss" in r]

@@ -56,7 +56,7 @@ def test_every_arm_resolves_from_the_shared_config(tmp_path: Path) -> None:
         assert (c.env.eval_size, c.run.eval_samples, c.run.seed) == (100, 4, 3)
         assert (c.run.checkpoint_every, c.run.keep_last_checkpoints) == (20, 0)
         assert c.run.eval_every == 0 and not c.run.save_hf
-        assert c.env.rg_datasets == ["chain_sum"] and c.rollout.temperature == 0.7
+        assert c.env.reasoning_gym.datasets == ["chain_sum"] and c.rollout.temperature == 0.7
     # Only the LoRA arm has adapters, on the policy and the critic, at 10x the learning rates.
     assert cfg["sao"].model.lora_rank == cfg["sao"].critic.lora_rank == 0
     lora, sao = cfg["sao_lora"], cfg["sao"]

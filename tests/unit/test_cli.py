@@ -256,8 +256,8 @@ def test_eval_results_of_two_models_do_not_overwrite_each_other(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "a").mkdir(parents=True)
     cfg = load_config(None, ["env.name=math", "env.dataset=math500"])
-    first = write_results("runs/a", cfg, {"accuracy": 0.5}, [{"key": "p1", "reward": 1}], None)
-    second = write_results("Qwen/Qwen3-1.7B", cfg, {"accuracy": 0.25}, [], None)
+    first = write_results("runs/a", cfg.env, {"accuracy": 0.5}, [{"key": "p1", "reward": 1}], None)
+    second = write_results("Qwen/Qwen3-1.7B", cfg.env, {"accuracy": 0.25}, [], None)
     assert first == Path("evals/runs_a/math500.jsonl") and first.read_text().count("\n") == 1
     assert second == Path("evals/Qwen_Qwen3-1.7B/math500.jsonl")
     assert json.loads(first.with_suffix(".summary.json").read_text()) == {"accuracy": 0.5}
@@ -271,9 +271,9 @@ def test_eval_of_an_agent_names_its_task(
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "my_agent.py").write_text("async def run(task, client):\n    return 1.0\n")
-    cfg = load_config(None, ["env.name=agent", "env.agent=my_agent.py:run"])
-    name = task_name(cfg.env)  # the tasks' own name: the dataset of env.agent_tasks = 'math'
+    cfg = load_config(None, ["env.name=agent", "env.agent.function=my_agent.py:run"])
+    name = task_name(cfg.env)  # the tasks' own name: the dataset of env.agent.tasks = 'math'
     assert name == Path(cfg.env.dataset).stem and name not in ("", "agent")
-    path = write_results("builtin:tiny", cfg, {"accuracy": 1.0}, [], None)
+    path = write_results("builtin:tiny", cfg.env, {"accuracy": 1.0}, [], None)
     assert path == Path(f"evals/builtin_tiny/{name}.jsonl")
     assert f"saorl eval: builtin:tiny on {name} (agent " in capsys.readouterr().out

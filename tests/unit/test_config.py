@@ -13,10 +13,13 @@ from saorl.config import (
     Config,
     ConfigError,
     CriticConfig,
+    EnvConfig,
     config_to_toml,
     describe_config,
     load_config,
 )
+from saorl.config.base import leaf_fields
+from saorl.config.env_families import SweConfig
 
 
 def _all_fields() -> list[tuple[str, str, object]]:
@@ -24,9 +27,15 @@ def _all_fields() -> list[tuple[str, str, object]]:
     for section, info in Config.model_fields.items():
         model = info.annotation
         assert isinstance(model, type) and issubclass(model, BaseModel)
-        for name, field in model.model_fields.items():
+        for name, field in leaf_fields(model).items():  # nested tables too: swe.tasks
             out.append((section, name, field))
     return out
+
+
+def _all_models(model: type[BaseModel]) -> list[type[BaseModel]]:
+    subs = [f.annotation for f in model.model_fields.values()]
+    nested = [m for m in subs if isinstance(m, type) and issubclass(m, BaseModel)]
+    return [model, *(m for sub in nested for m in _all_models(sub))]
 
 
 def test_defaults_validate() -> None:
@@ -47,7 +56,8 @@ def test_every_field_has_default_and_one_line_description() -> None:
 
 
 def test_every_model_forbids_extra_and_validates_assignment() -> None:
-    models = [Config, *(info.annotation for info in Config.model_fields.values())]
+    models = _all_models(Config)
+    assert EnvConfig in models and SweConfig in models
     for model in models:
         assert model.model_config.get("extra") == "forbid"
         assert model.model_config.get("validate_assignment") is True

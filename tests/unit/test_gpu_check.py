@@ -116,4 +116,4 @@ def test_the_real_model_part_runs_the_real_model_config_on_the_gpu(tmp_path: Pat
         64,
         2,
     )
-    assert cfg.rollout.temperature == 0.7 and cfg.env.rg_answer_format == "last_number"
+    assert cfg.rollout.temperature == 0.7 and cfg.env.reasoning_gym.answer_format == "last_number"

@@ -40,7 +40,7 @@ def test_every_lab_arm_validates_with_forced_staleness() -> None:
     for arm in arms:
         cfg = load_config(lab.CONFIG, [*shared, *arm.overrides])
         assert cfg.env.name == "reasoning_gym"
-        assert cfg.env.rg_datasets == ["chain_sum", "basic_arithmetic"]
+        assert cfg.env.reasoning_gym.datasets == ["chain_sum", "basic_arithmetic"]
         assert (cfg.learner.push_every, cfg.learner.max_staleness) == (4, 8)
         assert cfg.run.total_steps == 40 and cfg.learner.sft_steps == 0
         assert cfg.learner.batch_size % cfg.algorithm.samples_per_prompt == 0

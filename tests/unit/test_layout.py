@@ -184,6 +184,30 @@ def test_single_process_code_names_no_adapter(package: str) -> None:
                 assert not name.startswith(("ray", "saorl.distributed")), f"{path} imports {name}"
 
 
+# Rooms whose functions take the config section (or the values) they use, never the root
+# `Config`: they cannot reach another room's settings (issue 44).
+SECTIONS_ONLY = ("saorl.models", "saorl.envs")
+
+
+@pytest.mark.parametrize("package", SECTIONS_ONLY)
+def test_a_room_of_sections_never_sees_the_root_config(package: str) -> None:
+    modules = [p for m, p in module_names().items() if m == package or m.startswith(package + ".")]
+    assert modules
+    wrong = []
+    for path in modules:
+        for node in ast.walk(ast.parse(path.read_bytes())):  # type-only imports too
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("saorl.config"):
+                if any(alias.name == "Config" for alias in node.names):
+                    wrong.append(f"{path.relative_to(SRC)}:{node.lineno}")
+            elif isinstance(node, ast.Import):
+                wrong += [
+                    f"{path.relative_to(SRC)}:{node.lineno}"
+                    for a in node.names
+                    if a.name == "saorl.config.root"
+                ]
+    assert not wrong, f"{package} takes config sections, not the root Config: {wrong}"
+
+
 def test_no_source_file_is_too_long() -> None:
     long = {
         str(path.relative_to(SRC)): n

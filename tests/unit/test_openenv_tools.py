@@ -117,24 +117,24 @@ def test_observations_read_as_text():
 
 
 def test_the_config_takes_exactly_one_server_and_reset_args():
-    cfg = EnvConfig(name="openenv", openenv_url="http://127.0.0.1:9", args={"level": 2})
+    cfg = EnvConfig(name="openenv", args={"level": 2}, openenv={"url": "http://127.0.0.1:9"})
     assert cfg.args == {"level": 2}
-    with pytest.raises(ValidationError, match=r"exactly one of env\.openenv_app"):
+    with pytest.raises(ValidationError, match=r"exactly one of env\.openenv\.app"):
         EnvConfig(name="openenv")
-    with pytest.raises(ValidationError, match=r"exactly one of env\.openenv_app"):
-        EnvConfig(name="openenv", openenv_url="http://x:1", openenv_app="m:app")
+    with pytest.raises(ValidationError, match=r"exactly one of env\.openenv\.app"):
+        EnvConfig(name="openenv", openenv={"url": "http://x:1", "app": "m:app"})
     with pytest.raises(ValidationError, match="rewarded by its server"):
-        EnvConfig(name="openenv", openenv_url="http://x:1", reward_fns=["m:f"])
+        EnvConfig(name="openenv", reward_fns=["m:f"], openenv={"url": "http://x:1"})
     with pytest.raises(ValidationError, match="not a server URL"):
-        EnvConfig(name="openenv", openenv_url="127.0.0.1:8000")
+        EnvConfig(name="openenv", openenv={"url": "127.0.0.1:8000"})
     with pytest.raises(ValidationError, match="import path"):
-        EnvConfig(name="openenv", openenv_app="server")
+        EnvConfig(name="openenv", openenv={"app": "server"})
     assert ws_url("http://127.0.0.1:8000/") == "ws://127.0.0.1:8000/ws"
     assert ws_url("https://h.example/env") == "wss://h.example/env/ws"
 
 
 def test_the_spec_uses_seeds_as_tasks_and_contacts_no_server():
-    cfg = EnvConfig(name="openenv", openenv_url="http://127.0.0.1:9", eval_size=4, seed=10)
+    cfg = EnvConfig(name="openenv", eval_size=4, seed=10, openenv={"url": "http://127.0.0.1:9"})
     spec = build_env(cfg)  # nothing listens on port 9: building does not connect
     assert [t.seed for t in spec.task.held_out] == [10, 11, 12, 13]
     assert spec.task.held_out[0].key == "seed=10"

@@ -23,7 +23,10 @@ SMALL = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}
 
 
 def _cfg(**fields: object) -> EnvConfig:
-    base: dict[str, object] = {"name": "reasoning_gym", "rg_datasets": ["chain_sum"]}
+    base: dict[str, object] = {
+        "name": "reasoning_gym",
+        "reasoning_gym": {"datasets": ["chain_sum"]},
+    }
     return EnvConfig(**{**base, **fields})
 
 
@@ -91,8 +94,8 @@ def test_scores_come_from_the_datasets_own_score_answer() -> None:
 
 
 def test_last_number_takes_the_sentences_last_number() -> None:
-    """rg_answer_format = "last_number": how a small chat model answers ("The answer is 12.")
-    is scored by the dataset's own scorer on the last number of the text."""
+    """env.reasoning_gym.answer_format = "last_number": how a small chat model answers ("The
+    answer is 12.") is scored by the dataset's own scorer on the last number of the text."""
     tasks = RGTasks({"chain_sum": SMALL}, eval_size=8, seed=0, answer_format="last_number")
     p = next(q for q in tasks.held_out if not q.answer.startswith("-"))
     n = next(q for q in tasks.held_out if q.answer.startswith("-"))
@@ -135,7 +138,12 @@ def test_single_turn_episode_and_its_warm_up_demonstration() -> None:
 
 
 def test_plain_format_without_instructions_is_the_bare_question() -> None:
-    cfg = _cfg(use_tool=False, rg_answer_format="plain", instructions=False, eval_size=4)
+    cfg = _cfg(
+        use_tool=False,
+        reasoning_gym={"datasets": ["chain_sum"], "answer_format": "plain"},
+        instructions=False,
+        eval_size=4,
+    )
     spec = build_env(cfg)
     problem = spec.task.held_out[0]
     env = spec.make_env()
@@ -171,7 +179,10 @@ def test_hermes_tool_format_names_the_answer_tags() -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"rg_datasets": ["chain_summ"]}, "'chain_summ' is not a .*did you mean chain_sum"),
+        (
+            {"reasoning_gym": {"datasets": ["chain_summ"]}},
+            "'chain_summ' is not a .*did you mean chain_sum",
+        ),
         ({"args": {"chain_sum": {"min_term": 2}}}, "min_term.*chain_sum's settings: min_terms"),
         ({"args": {"chain_sum": {"min_terms": 3, "max_terms": 2}}}, "refused these settings"),
         ({"args": {"chain_sum": SMALL}, "eval_size": 400}, "only 200 distinct questions"),
@@ -185,8 +196,11 @@ def test_build_errors_name_the_field(fields: dict, message: str) -> None:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"rg_datasets": []}, "name at least one dataset"),
-        ({"args": {"leg_counting": {}}}, "env.args.leg_counting: not one of env.rg_datasets"),
+        ({"reasoning_gym": {"datasets": []}}, "name at least one dataset"),
+        (
+            {"args": {"leg_counting": {}}},
+            "env.args.leg_counting: not one of env.reasoning_gym.datasets",
+        ),
         ({"args": {"chain_sum": {"weight": 0}}}, "weight must be a number > 0"),
         ({"args": {"chain_sum": {"seed": 1}}}, "set env.seed instead"),
         ({"args": {"chain_sum": 3}}, "must be a table"),
@@ -198,8 +212,10 @@ def test_config_errors(fields: dict, message: str) -> None:
 
 
 def test_rg_fields_belong_to_the_reasoning_gym_env() -> None:
-    with pytest.raises(ValueError, match=r"rg_datasets is for env\.name = 'reasoning_gym'"):
-        EnvConfig(name="math", rg_datasets=["chain_sum"])
+    with pytest.raises(
+        ValueError, match=r"env\.reasoning_gym\.datasets is for env\.name = 'reasoning_gym'"
+    ):
+        EnvConfig(name="math", reasoning_gym={"datasets": ["chain_sum"]})
     with pytest.raises(ValueError, match=r"env\.args is for your own env\.name"):
         EnvConfig(name="math", args={"chain_sum": {}})
 

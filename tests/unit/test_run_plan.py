@@ -33,9 +33,9 @@ def test_policy_updates_and_the_warning(overrides, warm, updates, warned, capsys
     [
         ([], False),  # the built-in task: what the tiny model is for
         (["env.name=tool_arithmetic"], False),
-        (["env.name=agent", "env.agent=a.py:run", "env.agent_tasks=arithmetic"], False),
+        (["env.name=agent", "env.agent.function=a.py:run", "env.agent.tasks=arithmetic"], False),
         (["env.name=math", "env.dataset=gsm8k"], True),  # a dataset it cannot know
-        (["env.name=reasoning_gym", "env.rg_datasets=['chain_sum']"], True),
+        (["env.name=reasoning_gym", "env.reasoning_gym.datasets=['chain_sum']"], True),
         (["env.name=math", "model.name_or_path=smollm2-135m"], False),  # a real model
     ],
 )

@@ -149,7 +149,7 @@ def test_validation_table():
 
 
 def test_config_errors_name_the_field():
-    with pytest.raises(ConfigError, match="swe_pip_args"):
-        load_config(None, ["env.swe_pip_args=--find-links 'unclosed"])
-    with pytest.raises(ConfigError, match="swe_task_envs"):
-        load_config(None, ["env.swe_task_envs=conda"])
+    with pytest.raises(ConfigError, match=r"env\.swe\.pip_args"):
+        load_config(None, ["env.swe.pip_args=--find-links 'unclosed"])
+    with pytest.raises(ConfigError, match=r"env\.swe\.task_envs"):
+        load_config(None, ["env.swe.task_envs=conda"])

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from saorl.config import Config, ConfigError, config_to_toml, load_config
+from saorl.config.base import leaf_fields
 from saorl.security.trust import ALLOWED, GATED, load_trusted
 
 # A value for each gated field that names something (with what makes the config valid).
@@ -20,19 +21,19 @@ EXAMPLES = {
         "env.tool_format=hermes",
         'env.tools=["/tmp/evil.py:tool"]',
     ],
-    "env.agent": ["env.name=agent", "env.agent=/tmp/evil.py:run"],
-    "env.agent_command": ["env.name=agent", "env.agent_command=touch /tmp/x"],
-    "env.agent_tasks": ["env.agent_tasks=/tmp/evil.py:tasks"],
-    "env.agent_env_passthrough": ['env.agent_env_passthrough=["HF_TOKEN"]'],
-    "env.agent_host": ["env.agent_host=0.0.0.0"],
-    "env.openenv_app": ["env.name=openenv", "env.openenv_app=/tmp/evil.py:app"],
-    "env.openenv_url": ["env.name=openenv", "env.openenv_url=http://10.0.0.1:8000"],
-    "env.verifiers_env": ["env.name=verifiers", "env.verifiers_env=/tmp/evil.py"],
-    "env.verifiers_python": ["env.verifiers_python=/tmp/evil-python"],
-    "env.swe_pip_args": ["env.swe_pip_args=--index-url http://x/simple"],
-    "env.swe_tasks": ["env.swe_tasks=/tmp/tasks.jsonl"],
-    "env.swe_repos_root": ["env.swe_repos_root=/tmp/repos"],
-    "env.swe_cache_dir": ["env.swe_cache_dir=/tmp/cache"],
+    "env.agent.function": ["env.name=agent", "env.agent.function=/tmp/evil.py:run"],
+    "env.agent.command": ["env.name=agent", "env.agent.command=touch /tmp/x"],
+    "env.agent.tasks": ["env.agent.tasks=/tmp/evil.py:tasks"],
+    "env.agent.env_passthrough": ['env.agent.env_passthrough=["HF_TOKEN"]'],
+    "env.agent.host": ["env.agent.host=0.0.0.0"],
+    "env.openenv.app": ["env.name=openenv", "env.openenv.app=/tmp/evil.py:app"],
+    "env.openenv.url": ["env.name=openenv", "env.openenv.url=http://10.0.0.1:8000"],
+    "env.verifiers.taskset": ["env.name=verifiers", "env.verifiers.taskset=/tmp/evil.py"],
+    "env.verifiers.python": ["env.verifiers.python=/tmp/evil-python"],
+    "env.swe.pip_args": ["env.swe.pip_args=--index-url http://x/simple"],
+    "env.swe.tasks": ["env.swe.tasks=/tmp/tasks.jsonl"],
+    "env.swe.repos_root": ["env.swe.repos_root=/tmp/repos"],
+    "env.swe.cache_dir": ["env.swe.cache_dir=/tmp/cache"],
     "env.dataset": ["env.dataset=/etc/passwd"],
     "env.eval_dataset": ["env.eval_dataset=/etc/passwd"],
     "env.data_root": ["env.data_root=/etc"],
@@ -44,11 +45,13 @@ EXAMPLES = {
 
 
 def _all_fields() -> set[str]:
-    return {
-        f"{section}.{name}"
-        for section, field in Config.model_fields.items()
-        for name in field.annotation.model_fields  # type: ignore[union-attr]
-    }
+    return set(leaf_fields(Config))  # nested tables' fields too: env.swe.tasks
+
+
+def test_the_walk_reaches_nested_tables():
+    fields = _all_fields()
+    assert {"env.swe.tasks", "env.agent.function", "env.reasoning_gym.datasets"} <= fields
+    assert "env.swe" not in fields
 
 
 def test_every_config_field_is_allowed_or_gated():
@@ -80,7 +83,7 @@ def test_settings_and_built_in_names_are_not_refused(tmp_path: Path):
     mine = [
         "env.name=math",
         "env.dataset=math500",
-        "env.agent_tasks=arithmetic",
+        "env.agent.tasks=arithmetic",
         "run.trackers=[]",
         "model.name_or_path=Qwen/Qwen3-0.6B",
         "learner.lr=0.5",

@@ -23,22 +23,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_config_names_a_taskset():
-    with pytest.raises(ValidationError, match=r"env\.verifiers_env"):
+    with pytest.raises(ValidationError, match=r"env\.verifiers\.taskset"):
         EnvConfig(name="verifiers")
     args = {"taskset": {"size": 8}, "agent": {"harness": {"id": "null"}}}
-    cfg = EnvConfig(name="verifiers", verifiers_env="my-taskset", args=args)
-    assert cfg.verifiers_env == "my-taskset" and cfg.args == args  # an id stays as it is
+    cfg = EnvConfig(name="verifiers", args=args, verifiers={"taskset": "my-taskset"})
+    assert cfg.verifiers.taskset == "my-taskset" and cfg.args == args  # an id stays as it is
 
 
 def test_a_taskset_file_is_stored_absolute(monkeypatch):
     monkeypatch.chdir(ROOT)
-    cfg = EnvConfig(name="verifiers", verifiers_env="examples/verifiers_chain_sum.py")
-    assert cfg.verifiers_env == str(ROOT / "examples" / "verifiers_chain_sum.py")
+    cfg = EnvConfig(name="verifiers", verifiers={"taskset": "examples/verifiers_chain_sum.py"})
+    assert cfg.verifiers.taskset == str(ROOT / "examples" / "verifiers_chain_sum.py")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("verifiers") is not None, reason="has verifiers")
 def test_an_interpreter_without_verifiers_is_a_clear_config_error():
-    cfg = EnvConfig(name="verifiers", verifiers_env="my-taskset", verifiers_python=sys.executable)
+    cfg = EnvConfig(name="verifiers", verifiers={"taskset": "my-taskset", "python": sys.executable})
     with pytest.raises(ConfigError, match="is verifiers installed there"):
         build_env(cfg)
 

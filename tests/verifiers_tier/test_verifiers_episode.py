@@ -33,10 +33,10 @@ def _tok():
 def _spec(**args):
     cfg = EnvConfig(
         name="verifiers",
-        verifiers_env=TOOL_TASKSET,
         args={**HARNESS, **args},
         eval_size=2,
         step_timeout_s=120,
+        verifiers={"taskset": TOOL_TASKSET},
     )
     return build_env(cfg)
 

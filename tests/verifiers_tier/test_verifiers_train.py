@@ -65,9 +65,9 @@ def test_a_tool_taskset_trains_two_steps(tmp_path, monkeypatch):
     taskset = Path(__file__).parent / "_tool_taskset.py"
     config.write_text(
         "[model]\nmax_seq_len = 512\n[env]\nname = 'verifiers'\n"
-        f"verifiers_env = '{taskset}'\n"
         "args = { agent = { harness = { id = 'null' }, max_turns = 2 } }\n"
-        "step_timeout_s = 120\n[learner]\nsft_steps = 0\n[rollout]\nmax_new_tokens = 8\n"
+        f"step_timeout_s = 120\n[env.verifiers]\ntaskset = '{taskset}'\n"
+        "[learner]\nsft_steps = 0\n[rollout]\nmax_new_tokens = 8\n"
         "[run]\nname = 'tools'\n"
     )
     # each of its episodes starts the tool's MCP server (a Python process importing verifiers)

@@ -76,7 +76,7 @@ def test_saorl_train_with_the_vllm_engine(tmp_path: Path, lora: list[str]):
     # Steps 2-4 pushed (step 1 trained the critic alone): the whole model, or the adapter alone
     cfg = load_config(None, [*MODEL, *lora])
     policy = load_policy(cfg.model)[0]
-    add_lora(policy, cfg, "model")
+    add_lora(policy, cfg.model)
     want = sum(v.numel() for k, v in policy.state_dict().items() if not lora or ".lora_" in k)
     assert [r["step"] for r in train if "perf/push_bytes" in r] == [2, 3, 4]
     assert all(r["perf/push_bytes"] == 4 * want for r in train if "perf/push_bytes" in r)

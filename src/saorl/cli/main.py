@@ -31,7 +31,14 @@ from typing import Any
 
 from saorl import api
 from saorl.cli.parser import build_parser
-from saorl.config import Config, ConfigError, config_to_toml, describe_config
+from saorl.config import (
+    Config,
+    ConfigError,
+    EnvConfig,
+    RunConfig,
+    config_to_toml,
+    describe_config,
+)
 from saorl.envs.swe import commands as swe_commands
 from saorl.monitoring.terminal import escaped_output, printable
 from saorl.security.trust import FLAG, load_trusted
@@ -154,7 +161,7 @@ def _train(args: argparse.Namespace) -> int:
     if exit_code(summary or {}):
         print(stopped_message(summary), file=sys.stderr)
         return exit_code(summary)
-    _print_summary(cfg, summary or {})
+    _print_summary(cfg.run, summary or {})
     return 0
 
 
@@ -292,12 +299,13 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"saorl eval: error: {exc}", file=sys.stderr)
         return 2
     print(printable(f"per-problem results: {path}"))
-    print(printable(_eval_headline(args.model, cfg, summary, time.monotonic() - started)))
+    print(printable(_eval_headline(args.model, cfg.env, summary, time.monotonic() - started)))
     return 0
 
 
-def _eval_headline(model: str, cfg: Config, summary: dict[str, Any], seconds: float) -> str:
-    """The last line of `saorl eval`: the task, the score, how many problems, how long."""
+def _eval_headline(model: str, env: EnvConfig, summary: dict[str, Any], seconds: float) -> str:
+    """The last line of `saorl eval` on `env`: the task, the score, how many problems, how
+    long."""
     from saorl.evaluation.held_out import task_name
 
     k = summary.get("k", 1)
@@ -307,7 +315,7 @@ def _eval_headline(model: str, cfg: Config, summary: dict[str, Any], seconds: fl
     failed = sum((summary.get("errors") or {}).values())
     fails = f", {failed} episodes failed (above)" if failed else ""
     return (
-        f"saorl eval: {model} on {task_name(cfg.env)}: {score} over "
+        f"saorl eval: {model} on {task_name(env)}: {score} over "
         f"{summary.get('problems', 0)} problems{fails}; {_duration(seconds)}"
     )
 
@@ -317,8 +325,8 @@ def _config_failure(exc: ConfigError, command: str = "train") -> int:
     return 2
 
 
-def _print_summary(cfg: Config, summary: dict[str, Any]) -> None:
-    run_dir = summary.get("run_dir") or str(Path(cfg.run.output_dir) / cfg.run.name)
+def _print_summary(run: RunConfig, summary: dict[str, Any]) -> None:
+    run_dir = summary.get("run_dir") or str(Path(run.output_dir) / run.name)
     for key, value in sorted(summary.items()):
         if key == "run_dir" or not isinstance(value, int | float | str):
             continue

@@ -138,7 +138,7 @@ def _add_trust_flag(parser: argparse.ArgumentParser) -> None:
         FLAG,
         action="store_true",
         help="run code a model directory names (auto_map) and code a run folder's saved config "
-        "names (env.name, env.reward_fns, env.tools, env.swe_pip_args): only for folders you "
+        "names (env.name, env.reward_fns, env.tools, env.swe.pip_args): only for folders you "
         "trust",
     )
 

@@ -3,7 +3,8 @@
 Defaults are the built-in CPU demo (what `saorl train` with no arguments runs); each field's
 description names its unit and, where the paper (arXiv 2607.07508) gives one, the paper's value.
 A config is a TOML file with one table per component (`[algorithm]`, `[learner]`, ...), then
-command-line overrides `section.field=value` applied on top. Every problem is reported as a
+command-line overrides `section.field=value` applied on top. `[env]` nests a table per env family
+(`[env.swe]`, `[env.agent]`, ...; overrides `env.swe.tasks=...`). Every problem is reported as a
 `ConfigError` naming the dotted key and what would fix it.
 
 Decisions:

@@ -14,7 +14,8 @@ from annotated_types import Ge, Gt, Le, Lt
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from saorl.config.base import ConfigError
+from saorl.config.base import ConfigError, leaf_fields, set_dotted
+from saorl.config.env_families import moved_key_message
 from saorl.config.presets import describe_presets, implied_settings
 from saorl.config.root import Config
 
@@ -38,11 +39,8 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
                     origin[(section, name)] = str(path)
     for item in overrides:
         section, name, value = parse_override(item)
-        table = data.setdefault(section, {})
-        if not isinstance(table, dict):
-            raise ConfigError(f"{section}: must be a table ([{section}] in TOML), got {table!r}")
-        table[name] = value
-        origin[(section, name)] = f"override {item!r}"
+        set_dotted(data, f"{section}.{name}", value)
+        origin[(section, *name.split("."))] = f"override {item!r}"
     return config_from_dict(data, origin)
 
 
@@ -62,14 +60,15 @@ def config_from_dict(
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
-    """Split `section.field=value` into (section, field, parsed value); raises `ConfigError`."""
+    """Split `section.field=value` into (section, field, parsed value); raises `ConfigError`.
+    A field in a nested table keeps its dots: `env.swe.tasks=x` is ('env', 'swe.tasks', 'x')."""
     if "=" not in item:
         raise ConfigError(
             f"override {item!r} has no '=': write section.field=value, e.g. {item.strip()}=..."
         )
     key, raw = (part.strip() for part in item.split("=", 1))
     section, _, name = key.partition(".")
-    if not section or not name or "." in name:
+    if not section or not name:
         raise ConfigError(f"override key {key!r} must be section.field, e.g. algorithm.eps_low=0.3")
     info = _lookup_field(section, name)
     return section, name, _parse_value(raw, info.annotation)
@@ -90,7 +89,7 @@ def _lookup_field(section: str, name: str) -> FieldInfo:
     sections = Config.model_fields
     if section not in sections:
         raise ConfigError(_unknown_section_message(section))
-    fields = _section_model(section).model_fields
+    fields = leaf_fields(_section_model(section))
     if name not in fields:
         raise ConfigError(_unknown_key_message(section, name))
     return fields[name]
@@ -127,7 +126,7 @@ def _unknown_section_message(section: str) -> str:
     sections = list(Config.model_fields)
     msg = f"unknown section {section!r}"
     close = difflib.get_close_matches(section, sections, n=1)
-    owners = [s for s in sections if section in _section_model(s).model_fields]
+    owners = [s for s in sections if section in leaf_fields(_section_model(s))]
     if close:
         msg += f"; did you mean {close[0]!r}?"
     elif owners:
@@ -137,15 +136,22 @@ def _unknown_section_message(section: str) -> str:
 
 
 def _unknown_key_message(section: str, name: str) -> str:
-    fields = list(_section_model(section).model_fields)
+    moved = moved_key_message(name) if section == "env" else None
+    if moved:
+        return moved
+    fields = list(leaf_fields(_section_model(section)))
     msg = f"unknown key '{section}.{name}'"
     close = difflib.get_close_matches(name, fields, n=1)
-    owners = [s for s in Config.model_fields if name in _section_model(s).model_fields]
+    owners = [s for s in Config.model_fields if name in leaf_fields(_section_model(s))]
     if close:
         return msg + f"; did you mean '{section}.{close[0]}'?"
     if owners:
         keys = " or ".join(f"'{s}.{name}'" for s in owners)
         return msg + f"; did you mean {keys}?"
+    table, dot, _ = name.rpartition(".")
+    if dot and any(f.startswith(f"{table}.") for f in fields):  # a nested table's own keys
+        keys = [f.removeprefix(f"{table}.") for f in fields if f.startswith(f"{table}.")]
+        return msg + f"; valid keys in [{section}.{table}]: {', '.join(keys)}"
     return msg + f"; valid keys in [{section}]: {', '.join(fields)}"
 
 
@@ -172,8 +178,8 @@ def _format_error(err: Any, origin: dict[tuple[str, ...], str]) -> str:
     info = _field_info(loc)
     if kind == "extra_forbidden" and len(loc) == 1:
         line = _unknown_section_message(str(loc[0]))
-    elif kind == "extra_forbidden" and len(loc) == 2:
-        line = _unknown_key_message(str(loc[0]), str(loc[1]))
+    elif kind == "extra_forbidden":
+        line = _unknown_key_message(str(loc[0]), ".".join(map(str, loc[1:])))
     elif kind in _RANGE_ERRORS:
         bounds = _range_text(info) if info is not None else err["msg"].lower()
         unset = " (or unset)" if info is not None and _optional(info) else ""
@@ -181,7 +187,7 @@ def _format_error(err: Any, origin: dict[tuple[str, ...], str]) -> str:
     elif kind == "literal_error":
         allowed = ", ".join(_show(a) for a in _literal_values(info)) or err["ctx"]["expected"]
         line = f"{key}: must be one of {allowed}; got {_show(value)}"
-    elif kind in ("model_type", "dict_type", "model_attributes_type") and len(loc) == 1:
+    elif kind in ("model_type", "dict_type", "model_attributes_type") and _is_table(loc):
         line = f"{key}: must be a table ([{key}] in TOML), got {_show(value)}"
     elif kind in _EXPECTED:
         line = f"{key}: must be {_EXPECTED[kind]}, got {_show(value)} ({type(value).__name__})"
@@ -190,7 +196,7 @@ def _format_error(err: Any, origin: dict[tuple[str, ...], str]) -> str:
         line = f"{key}: {text}" if len(loc) >= 2 else text
     else:
         line = f"{key or 'config'}: {err['msg']}, got {_show(value)}"
-    source = origin.get(loc[:2]) or origin.get(loc[:1])
+    source = next((origin[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in origin), None)
     return f"{line} (from {source})" if source else line
 
 
@@ -204,7 +210,18 @@ def _dotted(loc: tuple[Any, ...]) -> str:
 def _field_info(loc: tuple[Any, ...]) -> FieldInfo | None:
     if len(loc) < 2 or loc[0] not in Config.model_fields:
         return None
-    return _section_model(loc[0]).model_fields.get(loc[1])
+    fields = leaf_fields(_section_model(loc[0]))
+    names = [str(part) for part in loc[1:]]
+    return next(
+        (fields[k] for n in range(len(names), 0, -1) if (k := ".".join(names[:n])) in fields), None
+    )
+
+
+def _is_table(loc: tuple[Any, ...]) -> bool:
+    """Whether `loc` is a section or a nested table (`env.swe`), not a field."""
+    if len(loc) == 1:
+        return True
+    return loc[0] in Config.model_fields and _field_info(loc) is None
 
 
 def _optional(info: FieldInfo) -> bool:
@@ -269,24 +286,44 @@ def config_to_toml(cfg: Config, comments: bool = False) -> str:
     is preceded by its description.
     """
     preset = implied_settings(cfg)
+    note = f"  # algorithm.name = {_toml_value(cfg.algorithm.name)}"
     lines: list[str] = []
     for section in type(cfg).model_fields:
         sub = getattr(cfg, section)
         implied = {**sub.implied_fields(), **preset.get(section, {})}
-        lines.append(f"[{section}]")
-        for name, info in type(sub).model_fields.items():
-            value = getattr(sub, name)
-            if value is None:
-                continue
-            if comments:
-                lines.append(f"# {info.description}")
-            if name in implied and implied[name] == value:
-                note = f"  # algorithm.name = {_toml_value(cfg.algorithm.name)}"
-                lines.append(f"# {name} = {_toml_value(value)}{note}")
-            else:
-                lines.append(f"{name} = {_toml_value(value)}")
-        lines.append("")
+        _write_table(lines, section, sub, implied, note, comments)
     return "\n".join(lines)
+
+
+def _write_table(
+    lines: list[str],
+    header: str,
+    obj: BaseModel,
+    implied: dict[str, Any],
+    note: str,
+    comments: bool,
+) -> None:
+    """`[header]` and `obj`'s values, then its nested tables as `[header.name]`."""
+    lines.append(f"[{header}]")
+    tables = []
+    for name, info in type(obj).model_fields.items():
+        value = getattr(obj, name)
+        if isinstance(value, BaseModel):
+            tables.append(name)
+            continue
+        if value is None:
+            continue
+        if comments:
+            lines.append(f"# {info.description}")
+        if name in implied and implied[name] == value:
+            lines.append(f"# {name} = {_toml_value(value)}{note}")
+        else:
+            lines.append(f"{name} = {_toml_value(value)}")
+    lines.append("")
+    for name in tables:
+        if comments:
+            lines.append(f"# {type(obj).model_fields[name].description}")
+        _write_table(lines, f"{header}.{name}", getattr(obj, name), {}, note, comments)
 
 
 def describe_config() -> str:
@@ -295,7 +332,7 @@ def describe_config() -> str:
     for section, section_info in Config.model_fields.items():
         model = _section_model(section)
         lines.append(f"[{section}]  {section_info.description}")
-        for name, info in model.model_fields.items():
+        for name, info in leaf_fields(model).items():
             default = info.get_default(call_default_factory=True)
             shown = "(unset)" if default is None else _toml_value(default)
             kind = _type_text(info.annotation)

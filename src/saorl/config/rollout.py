@@ -40,7 +40,7 @@ class RolloutConfig(_Section):
     max_agent_processes: int = Field(
         0,
         ge=0,
-        description="command agents (env.agent_command) running at once in each process that "
+        description="command agents (env.agent.command) running at once in each process that "
         "runs rollout workers; more episodes wait for a slot (0 = twice the CPU cores); each "
         "runs in its own process group, killed whole when its episode ends",
     )

@@ -27,20 +27,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from saorl.config import Config
+from saorl.config import Config, RunConfig
 from saorl.rollout.worker import AgentLimits
 from saorl.types import Batch, Trajectory
 
 
-def _setup_process(cfg: Config, cwd: str) -> None:
+def _setup_process(run: RunConfig, cwd: str) -> None:
     import torch
 
     # Relative paths in the config (run directory, data, model) mean what they mean for the
     # driver, whenever this node has the driver's directory (same machine or a shared disk).
     if os.path.isdir(cwd):
         os.chdir(cwd)
-    torch.set_num_threads(cfg.run.torch_threads)
-    torch.manual_seed(cfg.run.seed)
+    torch.set_num_threads(run.torch_threads)
+    torch.manual_seed(run.seed)
 
 
 class LearnerActor:
@@ -55,7 +55,7 @@ class LearnerActor:
     """
 
     def __init__(self, cfg: Config, cwd: str, critics: Sequence[Any] = ()) -> None:
-        _setup_process(cfg, cwd)
+        _setup_process(cfg.run, cwd)
         self.cfg = cfg
         self.critics = list(critics)  # CriticActor handles (`ray.critic_actor`), by rank
         self.grouped = len(self.critics) > 1  # learner ranks with a critic group
@@ -140,7 +140,7 @@ class LearnerActor:
         if self.grouped:  # a whole checkpoint (saorl.distributed.ray_critic)
             from saorl.distributed.ray_critic import save_whole
 
-            return save_whole(self.learner, self.cfg, run_dir, rollout_state), *self.counters()
+            return save_whole(self.learner, self.cfg.run, run_dir, rollout_state), *self.counters()
         return self.learner.save(run_dir, rollout_state), *self.counters()
 
     def restore(self, state: dict[str, Any]) -> tuple[None, int, int]:
@@ -200,7 +200,7 @@ class CriticActor:
     """
 
     def __init__(self, cfg: Config, cwd: str) -> None:
-        _setup_process(cfg, cwd)
+        _setup_process(cfg.run, cwd)
         self.cfg = cfg
         self.updater: Any = None
 
@@ -223,7 +223,9 @@ class CriticActor:
         if world > 1:
             from saorl.distributed.ray_critic import join_critic_group
 
-            device, sharding = join_critic_group(cfg, device, rank, world, host, port)
+            device, sharding = join_critic_group(
+                cfg.learner.mixed_precision, device, rank, world, host, port
+            )
         # Its updates are already beside the policy's: no thread of its own here.
         self.updater = CriticUpdater(cfg, policy.to(device), device, sharding, concurrent=False)
 
@@ -301,13 +303,13 @@ class RolloutActor:
         from saorl.models.loading import load_policy, resolve_device
         from saorl.rollout.worker import RolloutWorker
 
-        _setup_process(cfg, cwd)
+        _setup_process(cfg.run, cwd)
         # The initial weights do not matter: the driver pushes the learner's before any work.
         policy, _ = load_policy(cfg.model)
         if cfg.model.lora_push == "adapter":  # the learner's layout: its pushes are adapters
             from saorl.models.lora import add_lora
 
-            add_lora(policy, cfg, "model")
+            add_lora(policy, cfg.model)
         if cfg.rollout.engine == "hf":  # it samples from a copy of this module, on its device;
             policy.to(resolve_device(cfg.model.device))  # vLLM only reads config and weights
         self.engine = build_engine(cfg, policy, tokenizer, seed=seed, version=0)

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from saorl.config import Config, ConfigError
+from saorl.config import Config, ConfigError, RunConfig
 from saorl.learner.critic_updater import CriticUpdate
 from saorl.learner.sharding import Sharding
 from saorl.types import Batch
@@ -134,10 +134,11 @@ class RemoteCritic:
 
 # -- a critic group (ray.learner_ranks > 1) ----------------------------------------------------
 def join_critic_group(
-    cfg: Config, device: torch.device, rank: int, world: int, host: str, port: int
+    mixed_precision: str, device: torch.device, rank: int, world: int, host: str, port: int
 ) -> tuple[torch.device, Sharding]:
     """This critic rank's device and sharding: FSDP2 over the critic actors' process group
-    (this process's default group; the learner ranks' group lives in other processes)."""
+    (this process's default group; the learner ranks' group lives in other processes), in
+    `learner.mixed_precision`."""
     import torch.distributed as dist
 
     from saorl.distributed.fsdp import FSDPSharding
@@ -148,7 +149,7 @@ def join_critic_group(
     )
     if device.type == "cuda":
         device = torch.device("cuda", torch.cuda.current_device())
-    return device, FSDPSharding(cfg.learner.mixed_precision, device)
+    return device, FSDPSharding(mixed_precision, device)
 
 
 def read_critic_file(path: str, critic: nn.Module) -> dict[str, torch.Tensor]:
@@ -225,13 +226,13 @@ def group_learner(
     return LeaderLearner(learner, replica.to(device))
 
 
-def save_whole(leader: Any, cfg: Config, run_dir: Path, rollout_state: dict[str, Any]) -> None:
+def save_whole(leader: Any, run: RunConfig, run_dir: Path, rollout_state: dict[str, Any]) -> None:
     """`Learner.save` for learner ranks with a critic group: the whole state, gathered by every
     learner rank and every critic rank (`LeaderLearner.state_dict` announces it), in one `.pt`."""
     from saorl.checkpoint.io import save_checkpoint
 
     state = {**leader.state_dict(), "torch_rng": torch.get_rng_state(), **rollout_state}
-    save_checkpoint(run_dir, leader.steps, state, keep=cfg.run.keep_last_checkpoints)
+    save_checkpoint(run_dir, leader.steps, state, keep=run.keep_last_checkpoints)
 
 
 def check_whole(state: dict[str, Any]) -> None:

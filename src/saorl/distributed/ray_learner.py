@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from saorl.config import Config, ConfigError
+from saorl.config import Config, ConfigError, RayConfig
 from saorl.distributed.ray_actors import LearnerActor
 from saorl.types import Batch
 
@@ -71,24 +71,23 @@ def get(refs: Any, role: str, timeout: float | None = None) -> Any:
         ) from e
 
 
-def init_ray(cfg: Config) -> bool:
+def init_ray(rc: RayConfig) -> bool:
     """Join `ray.address` or start a local Ray, unless one is up; True if this call did it."""
     ray = ray_module()
     if ray.is_initialized():
         return False
-    if cfg.ray.address:
-        ray.init(address=cfg.ray.address)
+    if rc.address:
+        ray.init(address=rc.address)
     else:
         # "local": a new Ray even if this machine runs one (joining is what address is for).
-        ray.init(
-            address="local", num_cpus=cfg.ray.num_cpus or os.cpu_count(), include_dashboard=False
-        )
+        ray.init(address="local", num_cpus=rc.num_cpus or os.cpu_count(), include_dashboard=False)
     return True
 
 
-def _check_resources(cfg: Config) -> None:
-    """Every actor of the run (learner ranks, critic ranks, rollout actors) fits the cluster."""
-    rc, n, ranks = cfg.ray, cfg.rollout.num_workers, cfg.ray.learner_ranks
+def _check_resources(rc: RayConfig, n: int) -> None:
+    """Every actor of the run (learner ranks, critic ranks, `n` rollout actors:
+    `rollout.num_workers`) fits the cluster."""
+    ranks = rc.learner_ranks
     have = ray_module().cluster_resources()
     for kind, learner, rollout, critic in (
         ("CPU", rc.learner_num_cpus, rc.rollout_num_cpus, rc.critic_num_cpus),
@@ -122,7 +121,7 @@ class RayLearner:
     def __init__(self, cfg: Config) -> None:
         ray = ray_module()
         self.cfg = cfg
-        self._own_ray = init_ray(cfg)
+        self._own_ray = init_ray(cfg.ray)
         self.learner_actors: list[Any] = []
         self.critic_actors: list[Any] = []  # `ray.critic_actor`: one per learner rank
         self._placements: list[Any] = []  # placement groups of the learner and critic ranks
@@ -130,7 +129,7 @@ class RayLearner:
         self._followers: list[Any] = []  # ranks > 0: their `setup` returns only at the end
         self._failed = False  # a learner call failed
         try:
-            _check_resources(cfg)
+            _check_resources(cfg.ray, cfg.rollout.num_workers)
             rc, n = cfg.ray, cfg.ray.learner_ranks
             if n > 1 and not cfg.learner.fsdp:
                 raise ConfigError(

@@ -1,7 +1,7 @@
 """Agent programs as the environment (`env.name = "agent"`, docs/agents.md).
 
-    env.agent = "my_agent.py:run"          # async def run(task, client) -> float | dict
-    env.agent_command = "python agent.py"  # one process per episode, any language
+    env.agent.function = "my_agent.py:run" # async def run(task, client) -> float | dict
+    env.agent.command = "python agent.py"  # one process per episode, any language
 
 The program owns its loop and calls the model through the training endpoint of the worker that
 runs it (`saorl.rollout.agents.server`). A function gets the task as a dict and an
@@ -9,14 +9,14 @@ runs it (`saorl.rollout.agents.server`). A function gets the task as a dict and 
 `OPENAI_BASE_URL`, `OPENAI_API_KEY`, `OPENAI_MODEL`, `SAORL_WORKER` (the rollout worker's
 name) and, in a training run, `SAORL_AGENT_HOME` (`<run folder>/agents`, for the program's own
 files) in its environment (of the host's environment only `COMMAND_ENV` and the names of
-`env.agent_env_passthrough`: no secrets), and prints `{"reward": ...}` as JSON on its last
+`env.agent.env_passthrough`: no secrets), and prints `{"reward": ...}` as JSON on its last
 stdout line. Either returns the reward (a number, or a dict with "reward" and other numeric
 metrics, logged as `agent/<name>`).
 
 Without a reward: `env.reward_fns` score the episode's messages; else the task source's own
 environment grades the last assistant message (the one reply a single-turn task would see).
 
-Tasks come from `env.agent_tasks`, the name of any environment the factory builds ('math':
+Tasks come from `env.agent.tasks`, the name of any environment the factory builds ('math':
 `env.dataset` rows; 'arithmetic'; a task source such as 'reasoning_gym'): its `task.sample`
 and `task.held_out`, and its environment as the grader.
 
@@ -64,7 +64,7 @@ def task_dict(task: Any) -> dict[str, Any]:
 
 
 # What a command agent gets of saorl's own environment, besides what saorl sets and the names
-# of env.agent_env_passthrough: a shell's basics, never the host's secrets (HF_TOKEN, keys).
+# of env.agent.env_passthrough: a shell's basics, never the host's secrets (HF_TOKEN, keys).
 COMMAND_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TERM")
 COMMAND_ENV += ("TZ", "TMPDIR", "VIRTUAL_ENV")
 
@@ -93,19 +93,19 @@ class AgentProgram:
         told: set[str] | None = None,
         run_dir: Path | None = None,
     ) -> None:
-        self.fn, self.command = fn, cfg.agent_command
-        self.name = cfg.agent or cfg.agent_command
-        self.tasks = cfg.agent_tasks
+        self.fn, self.command = fn, cfg.agent.command
+        self.name = cfg.agent.function or cfg.agent.command
+        self.tasks = cfg.agent.tasks
         # Notes printed once per run: the set is shared by the run's programs (one per episode)
         self.told = _TOLD if told is None else told
-        self.passthrough = tuple(cfg.agent_env_passthrough)
+        self.passthrough = tuple(cfg.agent.env_passthrough)
         # Command agents' processes (capped, killed by group), for the rollout worker
         self.processes = agent_procs if self.command else None
         self.grader, self.scorer = grader, scorer
-        self.host, self.models = cfg.agent_host, (MODEL_NAME,)
+        self.host, self.models = cfg.agent.host, (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
         self.timeout_s = cfg.step_timeout_s
-        self.workspace = cfg.agent_tasks == "swe"  # a repository copy and shell per episode
+        self.workspace = cfg.agent.tasks == "swe"  # a repository copy and shell per episode
         # A command's own files (mini-swe-agent's config dir): the training run's folder
         # (`saorl train` passes it), never the user's home; None outside a run
         self.home = Path(run_dir) / AGENTS_DIR if run_dir else None
@@ -218,7 +218,7 @@ class AgentProgram:
             return
         self.told.add(note)
         scorer = "env.reward_fns" if self.scorer is not None else None
-        who = scorer or f"the grader of env.agent_tasks ({self.tasks!r})"
+        who = scorer or f"the grader of env.agent.tasks ({self.tasks!r})"
         print(
             f"saorl: the agent {self.name!r} returned None, so {who} scores its episodes "
             "instead; if a `return` of the reward is missing, add it (docs/agents.md, "
@@ -287,18 +287,19 @@ def build_agent_spec(
     build_source: Callable[[EnvConfig, bool], EnvSpec],
     run_dir: Path | None = None,
 ) -> EnvSpec:
-    """The spec of `env.name = "agent"`: the tasks (and grader) of `env.agent_tasks`."""
+    """The spec of `env.name = "agent"`: the tasks (and grader) of `env.agent.tasks`."""
     from saorl.envs.custom import load_reference
 
-    if cfg.agent_tasks == "swe" and cfg.agent:
+    if cfg.agent.tasks == "swe" and cfg.agent.function:
         raise ConfigError(
-            "env.agent_tasks = 'swe' runs command agents (env.agent_command): each gets a "
+            "env.agent.tasks = 'swe' runs command agents (env.agent.command): each gets a "
             "sandboxed shell over its repository copy (docs/mini-swe-agent.md)"
         )
-    source = build_source(cfg.model_copy(update={"name": cfg.agent_tasks}), held_out_only)
-    fn = load_reference(cfg.agent, "env.agent") if cfg.agent else None
+    source = build_source(cfg.model_copy(update={"name": cfg.agent.tasks}), held_out_only)
+    program = cfg.agent.function
+    fn = load_reference(program, "env.agent.function") if program else None
     if fn is not None and not callable(fn):
-        raise ConfigError(f"env.agent {cfg.agent!r}: {type(fn).__name__} is not callable")
+        raise ConfigError(f"env.agent.function {program!r}: {type(fn).__name__} is not callable")
     scorer = None
     if cfg.reward_fns:
         scorer = RewardEnv(None, load_reward_fns(cfg), cfg.reward_timeout_s)  # type: ignore[arg-type]

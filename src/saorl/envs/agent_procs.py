@@ -1,4 +1,4 @@
-"""The processes of command agents (`env.agent_command`, docs/agents.md): bounded and never left
+"""The processes of command agents (`env.agent.command`, docs/agents.md): bounded and never left
 behind.
 
 - At most `rollout.max_agent_processes` programs run at once in this process (0: twice its

@@ -55,7 +55,7 @@ def build_env(
     """The environment of `cfg`. `held_out_only` (`saorl eval`) builds only what evaluation
     needs: no training problems are required or made, a generated task's held-out set may take
     every problem there is, and a file of evaluation problems (`env.eval_dataset`, a
-    SWE-bench `env.swe_tasks`) is taken whole unless the config sets `env.eval_size` (a run's
+    SWE-bench `env.swe.tasks`) is taken whole unless the config sets `env.eval_size` (a run's
     saved config.toml always does: its own held-out set). `run_dir`: the training run's folder,
     where agent programs keep their own files (`saorl.envs.agent`); None outside a run."""
     spec = _build_env(cfg, held_out_only, run_dir)

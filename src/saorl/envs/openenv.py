@@ -1,7 +1,7 @@
 """OpenEnv environment servers as the environment (`env.name = "openenv"`, docs/openenv.md).
 
-    env.openenv_app = "my_env.server:app"     # an OpenEnv app, served in-process on loopback
-    env.openenv_url = "http://127.0.0.1:8000"  # or a server that is already running
+    env.openenv.app = "my_env.server:app"      # an OpenEnv app, served in-process on loopback
+    env.openenv.url = "http://127.0.0.1:8000"  # or a server that is already running
 
 Each episode is one WebSocket session on the server's `/ws` route (the protocol openenv-core's
 `EnvClient` speaks: JSON messages `reset`, `step`, `close`, answered by `observation` or
@@ -114,7 +114,7 @@ class Sessions:
         return full
 
 
-_SESSIONS: dict[str, Sessions] = {}  # env.openenv_app or env.openenv_url -> its sessions
+_SESSIONS: dict[str, Sessions] = {}  # env.openenv.app or env.openenv.url -> its sessions
 
 
 def sessions(key: str) -> Sessions:
@@ -157,7 +157,7 @@ def serve_app(ref: str, host: str = "127.0.0.1", timeout_s: float = 60.0) -> str
 
         from saorl.envs.custom import load_reference
 
-        app = load_reference(ref, "env.openenv_app")
+        app = load_reference(ref, "env.openenv.app")
         sock = socket.create_server((host, 0))
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
         thread = threading.Thread(
@@ -167,7 +167,7 @@ def serve_app(ref: str, host: str = "127.0.0.1", timeout_s: float = 60.0) -> str
         deadline = time.monotonic() + timeout_s
         while not server.started:
             if not thread.is_alive() or time.monotonic() > deadline:
-                raise ConfigError(f"env.openenv_app {ref!r}: the server did not start")
+                raise ConfigError(f"env.openenv.app {ref!r}: the server did not start")
             time.sleep(0.02)
         _SERVERS[ref] = f"http://{host}:{sock.getsockname()[1]}"
         return _SERVERS[ref]
@@ -371,11 +371,11 @@ def build_openenv_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     """The spec of `env.name = "openenv"`: seeds as tasks; no server is contacted here (the
     first episode of each process starts the app or connects)."""
     fmt: ToolFormat = "llama3" if cfg.tool_format == "llama3" else "hermes"
-    if cfg.openenv_app:
-        ref, timeout = cfg.openenv_app, cfg.step_timeout_s
+    if cfg.openenv.app:
+        ref, timeout = cfg.openenv.app, cfg.step_timeout_s
         base: Any = lambda: serve_app(ref, timeout_s=timeout)  # noqa: E731
     else:
-        base = cfg.openenv_url.rstrip("/")
+        base = cfg.openenv.url.rstrip("/")
     return EnvSpec(
         SeedTasks(cfg.seed, cfg.eval_size),
         lambda: OpenEnvEnv(
@@ -385,8 +385,8 @@ def build_openenv_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             timeout_s=cfg.step_timeout_s,
             system_prompt=cfg.system_prompt,
             with_instructions=cfg.instructions,
-            tool=cfg.openenv_tool,
-            key=cfg.openenv_app or cfg.openenv_url,
+            tool=cfg.openenv.tool,
+            key=cfg.openenv.app or cfg.openenv.url,
         ),
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_turns,  # every turn is an action: env.max_turns bounds them

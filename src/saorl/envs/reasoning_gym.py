@@ -2,8 +2,10 @@
 
     [env]
     name = "reasoning_gym"
-    rg_datasets = ["chain_sum", "leg_counting"]
     args = {chain_sum = {weight = 2, min_terms = 2, max_terms = 3}}
+
+    [env.reasoning_gym]
+    datasets = ["chain_sum", "leg_counting"]
 
 `RGTasks` is the task source: `sample(rng)` (training), `held_out`, and `score(problem, text)`,
 so any environment (an agent program's, your own) can use the same tasks. `RGEnv` is the
@@ -49,7 +51,7 @@ from saorl.envs.math.tool import MathToolEnv
 AnswerFormat = Literal["tags", "plain", "last_number"]
 HELD_OUT_SEED_OFFSET = 2**31  # far past any training index: seeds seed + i never meet
 INSTALL_HINT = "pip install 'saorl[reasoning-gym]' (or: pip install reasoning-gym)"
-# How the instructions ask for the answer, per env.rg_answer_format.
+# How the instructions ask for the answer, per env.reasoning_gym.answer_format.
 ANSWER_INSTRUCTIONS: dict[str, str] = {
     "tags": "Give the final answer between <answer> and </answer>.",
     "plain": "Reply with the final answer only.",
@@ -107,7 +109,7 @@ def split_by_weight(total: int, weights: Sequence[float]) -> list[int]:
     if total < len(weights):
         raise ConfigError(
             f"env.eval_size={total} is fewer than the {len(weights)} datasets of "
-            "env.rg_datasets; each needs at least one held-out item"
+            "env.reasoning_gym.datasets; each needs at least one held-out item"
         )
     raw = [total * w / sum(weights) for w in weights]
     counts = [max(1, int(r)) for r in raw]
@@ -142,7 +144,7 @@ class RGTasks:
                 close = difflib.get_close_matches(name, DATASETS, n=3, cutoff=0.6)
                 hint = f"did you mean {', '.join(close)}? " if close else ""
                 raise ConfigError(
-                    f"env.rg_datasets: {name!r} is not a reasoning-gym dataset; {hint}"
+                    f"env.reasoning_gym.datasets: {name!r} is not a reasoning-gym dataset; {hint}"
                     f'({len(DATASETS)} datasets; list them with python -c "import '
                     'reasoning_gym.factory as f; print(sorted(f.DATASETS))")'
                 )
@@ -170,8 +172,9 @@ class RGTasks:
             self.train += [p for p in items if p.prompt not in held]
             if len(self.train) == start:
                 raise ConfigError(
-                    f"env.rg_datasets: every one of the {len(ds)} training items of {name!r} is "
-                    "a held-out question; lower env.eval_size, raise its size or widen its "
+                    f"env.reasoning_gym.datasets: every one of the {len(ds)} training items of "
+                    f"{name!r} is a held-out question; lower env.eval_size, raise its size or "
+                    "widen its "
                     f"settings in env.args.{name}"
                 )
             self._spans.append((start, len(self.train)))
@@ -263,9 +266,11 @@ def opening_text(env: MathToolEnv) -> str:
 
 
 def build_rg_tasks(cfg: EnvConfig, held_out_only: bool = False) -> RGTasks:
-    """The `RGTasks` of `env.rg_datasets` and `env.args` (any env may use them)."""
-    datasets = {name: dict(cfg.args.get(name, {})) for name in cfg.rg_datasets}
-    return RGTasks(datasets, cfg.eval_size, cfg.seed, cfg.rg_answer_format, train=not held_out_only)
+    """The `RGTasks` of `env.reasoning_gym.datasets` and `env.args` (any env may use them)."""
+    datasets = {name: dict(cfg.args.get(name, {})) for name in cfg.reasoning_gym.datasets}
+    return RGTasks(
+        datasets, cfg.eval_size, cfg.seed, cfg.reasoning_gym.answer_format, train=not held_out_only
+    )
 
 
 def build_rg_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:

@@ -1,10 +1,10 @@
 """verifiers tasksets as the environment (`env.name = "verifiers"`, docs/verifiers.md).
 
-    env.verifiers_env = "my-taskset"          # or "path/to/taskset.py"
+    env.verifiers.taskset = "my-taskset"  # or "path/to/taskset.py"
     env.args = { taskset = { ... }, agent = { harness = { id = "null" } } }   # verifiers' [env]
 
 Each episode is one verifiers episode, run as an agent program (`saorl.envs.agent`) by
-`saorl.envs.verifiers_runner` under `env.verifiers_python`, the interpreter that has verifiers
+`saorl.envs.verifiers_runner` under `env.verifiers.python`, the interpreter that has verifiers
 installed: saorl itself never imports verifiers (it pins `openai<3`, the Agents SDK needs
 `openai>=3`). One runner process per rollout worker runs all its episodes (`serve`), since
 importing verifiers costs seconds. verifiers' training client renders the prompts with the
@@ -177,7 +177,7 @@ class VerifiersProgram(AgentProgram):
 
     def __init__(self, cfg: EnvConfig, renderer: Renderer, settings: dict[str, Any]) -> None:
         super().__init__(cfg, None, None, None)
-        self.python = cfg.verifiers_python or sys.executable
+        self.python = cfg.verifiers.python or sys.executable
         self.renderer, self.settings = renderer, settings
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
@@ -228,7 +228,7 @@ RUNNERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Runner] = weakref.
 def prepare(cfg: EnvConfig, settings: dict[str, Any]) -> list[VerifiersTask]:
     """The taskset's tasks, from the runner (which builds harness runtimes the first time;
     its stderr, with that line, goes to ours)."""
-    python = cfg.verifiers_python or sys.executable
+    python = cfg.verifiers.python or sys.executable
     try:
         out = subprocess.run(
             module_argv(RUNNER, "prepare", python=python),  # isolated: saorl's own first
@@ -239,8 +239,8 @@ def prepare(cfg: EnvConfig, settings: dict[str, Any]) -> list[VerifiersTask]:
         ).stdout
     except (OSError, subprocess.CalledProcessError) as e:
         raise ConfigError(
-            f"env.verifiers_env {cfg.verifiers_env!r}: listing its tasks with {python} failed "
-            f"({e}); is verifiers installed there (env.verifiers_python, docs/verifiers.md)?"
+            f"env.verifiers.taskset {cfg.verifiers.taskset!r}: listing its tasks with {python} "
+            f"failed ({e}); is verifiers installed there (env.verifiers.python, docs/verifiers.md)?"
         ) from None
     rows = json.loads(out.strip().splitlines()[-1])["tasks"]
     return [VerifiersTask(r["index"], r["key"], r["prompt"]) for r in rows]
@@ -249,10 +249,12 @@ def prepare(cfg: EnvConfig, settings: dict[str, Any]) -> list[VerifiersTask]:
 def build_verifiers_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     args = dict(cfg.args)
     renderer = Renderer(args.pop("renderer", None))
-    settings = {"env": cfg.verifiers_env, "args": args}
+    settings = {"env": cfg.verifiers.taskset, "args": args}
     tasks = prepare(cfg, settings)
     if not tasks:
-        raise ConfigError(f"env.verifiers_env {cfg.verifiers_env!r}: the taskset has no tasks")
+        raise ConfigError(
+            f"env.verifiers.taskset {cfg.verifiers.taskset!r}: the taskset has no tasks"
+        )
     size = held_out_size(cfg, len(tasks), need_train=not held_out_only)
     train, held_out = tasks[:-size], tasks[-size:]
     return EnvSpec(

@@ -1,5 +1,5 @@
 """The verifiers side of `env.name = "verifiers"` (docs/verifiers.md): a program run with the
-interpreter that has verifiers 0.4 installed (`env.verifiers_python`), never imported by the
+interpreter that has verifiers 0.4 installed (`env.verifiers.python`), never imported by the
 trainer. Its settings come as JSON in `$SAORL_VERIFIERS` (`env`, `args`, `renderer_model`,
 `renderer`).
 

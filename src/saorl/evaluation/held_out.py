@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from saorl.config import Config, ConfigError, ModelConfig, load_config
+from saorl.config import Config, ConfigError, EnvConfig, ModelConfig, load_config
 from saorl.engines.factory import build_engine
 from saorl.envs.base import EnvSpec, task_key
 from saorl.evaluation.prompts import prompt_template as resolve_template
@@ -259,7 +259,7 @@ def run_eval(
 
     template = resolve_template(prompt_template)  # a bad one fails before any model loads
     env_cfg, roll = cfg.env, cfg.rollout
-    if env_cfg.name == "swe" and env_cfg.swe_source == "generated" and limit:
+    if env_cfg.name == "swe" and env_cfg.swe.source == "generated" and limit:
         # Generated tasks are made (and validated) on demand; the first N never depend on
         # how many follow, so only the ones evaluated are made.
         env_cfg = env_cfg.model_copy(update={"eval_size": min(limit, env_cfg.eval_size)})
@@ -420,13 +420,13 @@ def task_name(env: Any) -> str:
     """The name of an evaluation's task (`env`: the `[env]` section): the dataset file's stem
     (env 'math'), the task file's stem or `swe_generated` (env 'swe'), the attribute's name of
     your own env ('module:attr', 'file.py:attr'), else the env's name; an agent program's is
-    that of its tasks (`env.agent_tasks`)."""
+    that of its tasks (`env.agent.tasks`)."""
     if env.name == "agent":
-        return task_name(env.model_copy(update={"name": env.agent_tasks}))
+        return task_name(env.model_copy(update={"name": env.agent.tasks}))
     if env.name == "math":
         return Path(env.eval_dataset or env.dataset).stem
     if env.name == "swe":
-        return Path(env.swe_tasks).stem if env.swe_source == "swebench" else "swe_generated"
+        return Path(env.swe.tasks).stem if env.swe.source == "swebench" else "swe_generated"
     return env.name.rpartition(":")[2]
 
 
@@ -444,15 +444,15 @@ def default_results_path(model: str, name: str, run_dir: Path | None = None) -> 
 
 def write_results(
     model: str,
-    cfg: Config,
+    env: EnvConfig,
     summary: dict[str, Any],
     rows: list[dict[str, Any]],
     out: str | None,
     run_dir: Path | None = None,
 ) -> Path:
-    """Write `saorl eval`'s results and print its table; returns the per-problem JSONL path:
-    `out`, else `default_results_path` (`run_dir`: the run `model` belongs to, if any); the
-    summary goes beside it (NAME.summary.json)."""
+    """Write `saorl eval`'s results on `env` (the `[env]` evaluated) and print its table;
+    returns the per-problem JSONL path: `out`, else `default_results_path` (`run_dir`: the run
+    `model` belongs to, if any); the summary goes beside it (NAME.summary.json)."""
     import json
 
     from rich.console import Console
@@ -461,7 +461,6 @@ def write_results(
 
     from saorl.monitoring.terminal import printable
 
-    env = cfg.env
     name = task_name(env)
     if env.name == "swe":  # SWE-bench's name for the success rate
         summary = {"resolved_rate": summary["accuracy"], **summary}
@@ -471,7 +470,7 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
     write_atomic(path.with_suffix(".summary.json"), json.dumps(summary, indent=2))
-    agent = f" (agent {env.agent or env.agent_command})" if env.name == "agent" else ""
+    agent = f" (agent {env.agent.function or env.agent.command})" if env.name == "agent" else ""
     # Names and values come from data and endpoints: control characters escaped, and Text,
     # not markup, so `[link=...]` in a name stays text. The header is a line of its own: as
     # the table's title it was wrapped and cut to the table's width ("... on agent ").

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import Config, ConfigError, load_config
+from saorl.config.base import leaf_values
 from saorl.config.io import toml_string
 from saorl.experiments.arms import (  # noqa: F401  (re-exported: the public names of compare)
     ARMS,
@@ -113,12 +114,7 @@ def _move_aside(run_dir: Path) -> Path:
 
 # Where an arm writes, whether it draws a progress bar and where its warm-up is cached do not
 # change what it measures.
-_BOOKKEEPING = {
-    ("run", "output_dir"),
-    ("run", "name"),
-    ("run", "progress"),
-    ("learner", "sft_cache"),
-}
+_BOOKKEEPING = {"run.output_dir", "run.name", "run.progress", "learner.sft_cache"}
 
 
 def _config_diff(saved: Path, cfg: Config) -> list[str]:
@@ -127,13 +123,8 @@ def _config_diff(saved: Path, cfg: Config) -> list[str]:
         old = load_config(saved, [])
     except ConfigError:
         return []  # written by another version of the schema: nothing reliable to compare
-    a, b = old.model_dump(), cfg.model_dump()
-    return [
-        f"{section}.{key}"
-        for section in b
-        for key in b[section]
-        if a.get(section, {}).get(key) != b[section][key] and (section, key) not in _BOOKKEEPING
-    ]
+    a, b = leaf_values(old), leaf_values(cfg)
+    return [key for key in b if a.get(key) != b[key] and key not in _BOOKKEEPING]
 
 
 def _warn_if_changed(

@@ -46,7 +46,7 @@ from torch import nn
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.checkpoint.io import load_state_file
-from saorl.config import Config, ConfigError
+from saorl.config import AlgorithmConfig, Config, ConfigError, CriticConfig, LearnerConfig
 from saorl.learner.optim import critic_optimizer
 from saorl.learner.sharding import MicroBatch, Sharding
 from saorl.losses import value_loss
@@ -75,26 +75,28 @@ def share(mask: torch.Tensor, total: torch.Tensor, agg: str) -> torch.Tensor:
     return rows / (total.sum(-1) > 0).sum().clamp(min=1)
 
 
-def plan_rows(cfg: Config, lengths: list[int]) -> list[list[int]]:
-    """Micro-batches of rows with these lengths: by token budget, or by row count."""
-    lc = cfg.learner
+def plan_rows(lc: LearnerConfig, lengths: list[int]) -> list[list[int]]:
+    """Micro-batches of rows with these lengths: by token budget (`learner.micro_batch_tokens`),
+    or by row count (`learner.micro_batch_size`)."""
     if lc.micro_batch_tokens:
         return plan_token_micro_batches(lengths, lc.micro_batch_tokens)
     n, k = len(lengths), lc.micro_batch_size
     return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
 
-def gae_mask(cfg: Config, b: Batch) -> torch.Tensor:
+def gae_mask(algo: AlgorithmConfig, b: Batch) -> torch.Tensor:
     """The positions GAE reads values at: action tokens, or every completion token when
-    skipping observations is switched off (an ablation)."""
-    return b.action_mask if cfg.algorithm.skip_observations else b.completion_mask
+    skipping observations is switched off (`algorithm.skip_observations`, an ablation)."""
+    return b.action_mask if algo.skip_observations else b.completion_mask
 
 
-def gae_targets(cfg: Config, b: Batch, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_targets(
+    algo: AlgorithmConfig, b: Batch, values: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(advantages, value targets)` from pre-update `values` (zero off `gae_mask`): skip-
     observation GAE with `lambda_policy` (length-adaptive by default) and with
     `lambda_critic`."""
-    algo, mask = cfg.algorithm, gae_mask(cfg, b)
+    mask = gae_mask(algo, b)
     if algo.lambda_mode == "adaptive":
         lam = length_adaptive_lambda(mask, alpha=algo.lambda_alpha)
     else:
@@ -118,14 +120,14 @@ def stochastic_in_training(module: nn.Module) -> bool:
     return False
 
 
-def critic_device(cfg: Config, learner_device: torch.device) -> torch.device:
+def critic_device(critic: CriticConfig, learner_device: torch.device) -> torch.device:
     """`critic.device`, or the learner's device when it is ''."""
-    if not cfg.critic.device:
+    if not critic.device:
         return learner_device
     from saorl.models.loading import resolve_device
 
     try:
-        return resolve_device(cfg.critic.device)
+        return resolve_device(critic.device)
     except RuntimeError as e:
         raise ConfigError(f"critic.device: {e}".replace("model.device", "critic.device")) from e
 
@@ -146,7 +148,7 @@ def concurrent_critic(cfg: Config, learner_device: torch.device) -> tuple[bool, 
         return False, "auto: off under run.deterministic (one thread of work at a time)"
     if cfg.learner.fsdp:  # a second process group beside the policy's: opt-in only
         return False, "auto: off with learner.fsdp (set critic.concurrent = true to overlap)"
-    device = critic_device(cfg, learner_device)
+    device = critic_device(cfg.critic, learner_device)
     if device != learner_device:
         return True, f"auto: the critic has a device of its own ({device})"
     if device.type != "cpu":
@@ -180,7 +182,8 @@ class CriticUpdater:
         self.cfg, self.device, self.sharding = cfg, device, sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
         # critic.lora_rank's adapters; critic.name_or_path: the policy or a model of its own
-        self.critic = Critic(critic_source(cfg, policy), cfg).to(device)
+        source = critic_source(cfg.critic.name_or_path, cfg.model, policy)
+        self.critic = Critic(source, (cfg.model, cfg.critic)).to(device)
         self.frozen = freeze_attention(self.critic) if cfg.critic.freeze == "attention" else []
         self.sharding.shard(self.critic)
         self.new_optimizer()
@@ -201,7 +204,7 @@ class CriticUpdater:
     def micro_batches(self, b: Batch) -> list[MicroBatch]:
         """The plan from the rows' lengths: a host read, free while `b` is still on the CPU."""
         lengths = b.attention_mask.sum(-1).tolist()
-        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
+        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg.learner, x))
 
     def values(self, mb: Batch) -> torch.Tensor:
         """Values of the rows of `mb` (grad mode as the caller has it)."""
@@ -223,7 +226,7 @@ class CriticUpdater:
         algo = self.cfg.algorithm
         micro = micro if micro is not None else self.micro_batches(batch)  # before it moves
         b = batch.to(self.device)
-        mask = gae_mask(self.cfg, b)  # observation tokens only in the ablation
+        mask = gae_mask(self.cfg.algorithm, b)  # observation tokens only in the ablation
         first = None
         if self.fused:
             self.opt.zero_grad(set_to_none=True)  # nothing left over from an aborted step
@@ -247,7 +250,7 @@ class CriticUpdater:
             self.critic.eval()
             with torch.no_grad():
                 values = self.sharding.map_rows(b, micro, self.values) * mask
-        advantages, returns = gae_targets(self.cfg, b, values)
+        advantages, returns = gae_targets(self.cfg.algorithm, b, values)
         _, vm = value_loss(values, returns, b.action_mask, tensors=True)  # before the updates
         self._prepared = (b, micro, values, returns, first)
         keys = ("value/explained_variance", "value/mean")
@@ -259,9 +262,10 @@ class CriticUpdater:
         micro = self.micro_batches(batch)
         b = batch.to(self.device)
         self.critic.eval()
+        algo = self.cfg.algorithm
         with torch.no_grad():
-            values = self.sharding.map_rows(b, micro, self.values) * gae_mask(self.cfg, b)
-        return values, gae_targets(self.cfg, b, values)[1]
+            values = self.sharding.map_rows(b, micro, self.values) * gae_mask(algo, b)
+        return values, gae_targets(algo, b, values)[1]
 
     def start_update(self) -> None:
         """The K updates on the prepared batch: on the worker thread with `critic.concurrent`,

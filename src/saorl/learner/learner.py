@@ -113,10 +113,13 @@ class Learner:
             # It copies the policy's backbone: built before the policy is sharded or gets LoRA.
             on = self.critic_concurrent
             sh = self.sharding.for_critic() if on else self.sharding
-            critic = CriticUpdater(cfg, self.policy, critic_device(cfg, device), sh, on)
+            critic = CriticUpdater(cfg, self.policy, critic_device(cfg.critic, device), sh, on)
         self.critic_updater = critic
-        add_lora(self.policy, cfg, "model")  # after the critic copied the plain backbone
-        self.replay = RoutingReplay.of(self.policy, cfg)  # MoE routing replay, or None
+        add_lora(self.policy, cfg.model)  # after the critic copied the plain backbone
+        # MoE routing replay (algorithm.routing_replay), or None
+        packed = cfg.learner.micro_batch_tokens > 0
+        replay = cfg.algorithm.routing_replay
+        self.replay = RoutingReplay(self.policy, packed=packed) if replay else None
         # Log-probs run through this module's forward: FSDP2's root hooks gather the head there.
         self.policy_fwd = PolicyLogprobs(self.policy)
         # algorithm.kl_reference = "initial": made at the first policy update (or from a
@@ -254,7 +257,7 @@ class Learner:
         )
 
     def _micro_batches(self, lengths: list[int]) -> list[MicroBatch]:
-        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg, x))
+        return self.sharding.micro_batches(lengths, lambda x: plan_rows(self.cfg.learner, x))
 
     def _settle(self, stepped: list[bool]) -> None:
         """Counters after policy optimizer steps whose flags were read: the version and the lr
@@ -417,7 +420,8 @@ class Learner:
     def export(self, tokenizer: Any, path: Path) -> None:
         """The policy in Hugging Face format (what `model.name_or_path` loads); LoRA: merged."""
         save_pretrained(self.policy, tokenizer, path)
-        save_adapter(self.policy, tokenizer, path, self.cfg)
+        model, warmed_up = self.cfg.model, bool(self.cfg.learner.sft_steps)
+        save_adapter(self.policy, tokenizer, path, model.name_or_path, warmed_up)
 
     def close(self) -> None:
         """The critic's worker thread (or actor) ends."""

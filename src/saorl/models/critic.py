@@ -25,37 +25,37 @@ from typing import Any
 import torch
 from torch import nn
 
-from saorl.config import Config
+from saorl.config import CriticConfig, ModelConfig
 from saorl.models.logprobs import pack_or_pad
 from saorl.models.lora import add_lora
 
 
-def critic_source(cfg: Config, policy: nn.Module) -> nn.Module:
-    """The model the critic is built from: `policy` itself, or the model `critic.name_or_path`
-    names, which must share the policy's tokenizer (the critic reads the policy's token ids)."""
-    name = cfg.critic.name_or_path
+def critic_source(name: str, model: ModelConfig, policy: nn.Module) -> nn.Module:
+    """The model the critic is built from (`name`: `critic.name_or_path`): `policy` itself, or
+    the model `name` names, loaded as `model` (the policy's `[model]`) says, which must share
+    the policy's tokenizer (the critic reads the policy's token ids)."""
     if name == "policy":
         return policy
     from saorl.config import ConfigError
     from saorl.models.loading import load_policy
 
-    model, tokenizer = load_policy(cfg.model.model_copy(update={"name_or_path": name}))
-    if tokenizer.get_vocab() != _policy_tokenizer(cfg).get_vocab():
+    loaded, tokenizer = load_policy(model.model_copy(update={"name_or_path": name}))
+    if tokenizer.get_vocab() != _policy_tokenizer(model).get_vocab():
         raise ConfigError(
             f"critic.name_or_path={name}: its tokenizer differs from the policy's "
-            f"({cfg.model.name_or_path}); the critic reads the policy's token ids, so it needs "
+            f"({model.name_or_path}); the critic reads the policy's token ids, so it needs "
             "the same vocabulary"
         )
-    return model
+    return loaded
 
 
-def _policy_tokenizer(cfg: Config) -> Any:
+def _policy_tokenizer(model: ModelConfig) -> Any:
     from saorl.models.loading import BUILTIN_PREFIX, _load_tokenizer, model_dir
     from saorl.models.tokenizer import build_char_tokenizer
 
-    if cfg.model.name_or_path.startswith(BUILTIN_PREFIX):
-        return build_char_tokenizer(with_newlines=cfg.model.builtin_newlines)
-    return _load_tokenizer(model_dir(cfg.model.name_or_path))
+    if model.name_or_path.startswith(BUILTIN_PREFIX):
+        return build_char_tokenizer(with_newlines=model.builtin_newlines)
+    return _load_tokenizer(model_dir(model.name_or_path))
 
 
 class Critic(nn.Module):
@@ -65,11 +65,13 @@ class Critic(nn.Module):
     position 0 has no predecessor and gets value 0 (it is never an action position).
     """
 
-    def __init__(self, policy: nn.Module, cfg: Config | None = None) -> None:
+    def __init__(
+        self, policy: nn.Module, lora: tuple[ModelConfig, CriticConfig] | None = None
+    ) -> None:
         super().__init__()
         self.backbone = copy.deepcopy(policy.base_model)
-        if cfg is not None:  # `critic.lora_rank` > 0: LoRA adapters on the backbone
-            add_lora(self.backbone, cfg, "critic")
+        if lora is not None:  # `critic.lora_rank` > 0: LoRA adapters on the backbone
+            add_lora(self.backbone, *lora)
         hidden = policy.config.hidden_size
         param = next(self.backbone.parameters())
         self.value_head = nn.Linear(hidden, 1, dtype=param.dtype)

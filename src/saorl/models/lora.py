@@ -36,7 +36,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from saorl.config import Config, ConfigError, ModelConfig
+from saorl.config import ConfigError, CriticConfig, ModelConfig
 
 
 class FullState(Protocol):
@@ -60,31 +60,32 @@ def _peft(field: str, rank: int) -> Any:
     return peft
 
 
-def add_lora(module: nn.Module, cfg: Config, part: str) -> None:
-    """Inject the LoRA adapters `cfg` asks for into `module`: `part` 'model' (the policy) or
-    'critic' (its backbone). Nothing when that part's rank is 0."""
-    sec = cfg.model if part == "model" else cfg.critic
-    if not sec.lora_rank:
+def add_lora(module: nn.Module, model: ModelConfig, critic: CriticConfig | None = None) -> None:
+    """Inject LoRA adapters into `module`: the policy's (`model.lora_rank`, `model.lora_alpha`)
+    or, given `critic`, the critic backbone's (`critic.lora_rank`, `critic.lora_alpha`); both
+    on `model.lora_target_modules` with `model.lora_dropout`. Nothing when that rank is 0."""
+    own = model if critic is None else critic
+    if not own.lora_rank:
         return
-    peft = _peft(part, sec.lora_rank)
-    targets: Any = cfg.model.lora_target_modules
+    peft = _peft("model" if critic is None else "critic", own.lora_rank)
+    targets: Any = model.lora_target_modules
     if targets == ["all-linear"]:
         targets = "all-linear"
     config = peft.LoraConfig(
-        r=sec.lora_rank,
-        lora_alpha=sec.lora_alpha,
-        lora_dropout=cfg.model.lora_dropout,
+        r=own.lora_rank,
+        lora_alpha=own.lora_alpha,
+        lora_dropout=model.lora_dropout,
         target_modules=targets,
     )
     try:
         peft.inject_adapter_in_model(config, module)
     except ValueError as e:  # peft's word on targets that match nothing
-        raise ConfigError(f"model.lora_target_modules={cfg.model.lora_target_modules}: {e}") from e
+        raise ConfigError(f"model.lora_target_modules={model.lora_target_modules}: {e}") from e
     layers = [m for m in module.modules() if isinstance(m, peft.tuners.lora.LoraLayer)]
     wrong = sorted({type(m.get_base_layer()).__name__ for m in layers} - {"Linear"})
     if wrong:
         raise ConfigError(
-            f"model.lora_target_modules={cfg.model.lora_target_modules} selects {wrong} layers; "
+            f"model.lora_target_modules={model.lora_target_modules} selects {wrong} layers; "
             "saorl merges adapters of linear layers only: name linear modules (q_proj, ...)"
         )
 
@@ -242,18 +243,21 @@ def lora_warmup(model: nn.Module) -> Iterator[None]:
             m.enable_adapters(True)
 
 
-def save_adapter(model: nn.Module, tokenizer: Any, path: Path, cfg: Config) -> None:
+def save_adapter(
+    model: nn.Module, tokenizer: Any, path: Path, name_or_path: str, warmed_up: bool
+) -> None:
     """`path/adapter/`: the policy's adapter in peft format (adapter_model.safetensors and
     adapter_config.json, loadable with `peft.PeftModel.from_pretrained`), and `path/base/`, the
-    base model it applies to, unless that is `model.name_or_path` as loaded. Nothing without
-    LoRA."""
+    base model it applies to, unless that is `name_or_path` (`model.name_or_path`) as loaded:
+    not the built-in model, nor one the supervised warm-up changed (`warmed_up`). Nothing
+    without LoRA."""
     if not has_lora(model):
         return
     import peft
     from safetensors.torch import save_file
 
-    base_name = cfg.model.name_or_path
-    if base_name.startswith("builtin:") or cfg.learner.sft_steps:
+    base_name = name_or_path
+    if base_name.startswith("builtin:") or warmed_up:
         merged_copy(model, merge=False).save_pretrained(str(path / "base"))
         tokenizer.save_pretrained(str(path / "base"))
         base_name = str((path / "base").resolve())

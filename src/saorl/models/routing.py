@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from saorl.config import Config, ConfigError
+from saorl.config import ConfigError
 
 if TYPE_CHECKING:
     from saorl.types import Batch
@@ -124,13 +124,6 @@ class RoutingReplay:
         # Counts stay on the device until `take_metrics` (no sync per router call).
         self._changed: torch.Tensor | int = 0
         self._known: torch.Tensor | int = 0
-
-    @staticmethod
-    def of(model: nn.Module, cfg: Config) -> RoutingReplay | None:
-        """The replay of `cfg` (None unless `algorithm.routing_replay`)."""
-        if not cfg.algorithm.routing_replay:
-            return None
-        return RoutingReplay(model, packed=cfg.learner.micro_batch_tokens > 0)
 
     @contextlib.contextmanager
     def forced(self, routing: torch.Tensor, attention_mask: torch.Tensor) -> Iterator[None]:

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from saorl.config import Config, ConfigError, config_to_toml
+from saorl.config.base import leaf_values
 from saorl.security.safe_io import make_dir, open_write, write_atomic
 
 TRACKERS_FILE = "trackers.json"
@@ -147,10 +148,9 @@ def open_trackers(cfg: Config, run_dir: Path, resume_step: int | None) -> list[T
 def flat_config(cfg: Config) -> dict[str, Any]:
     """`{"section.field": value}` with lists and tables as JSON text (MLflow params)."""
     out: dict[str, Any] = {}
-    for section, values in cfg.model_dump(mode="json").items():
-        for key, value in values.items():
-            plain = isinstance(value, str | int | float | bool) or value is None
-            out[f"{section}.{key}"] = value if plain else json.dumps(value)
+    for key, value in leaf_values(cfg).items():
+        plain = isinstance(value, str | int | float | bool) or value is None
+        out[key] = value if plain else json.dumps(value)
     return out
 
 

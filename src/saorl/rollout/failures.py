@@ -39,7 +39,7 @@ _LIBS = tuple(
 _TOOL_MODULES = ("function_tools.py", "openenv_tools.py")
 # What failed -> what to fix, for the message that stops a run.
 ADVICE = {
-    "agent": "fix the agent program (env.agent / env.agent_command)",
+    "agent": "fix the agent program (env.agent.function / env.agent.command)",
     "reward function": "fix the reward function (env.reward_fns)",
     "tool": "fix the tool (env.tools)",
     "environment": "fix the environment (env.name)",

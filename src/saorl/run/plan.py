@@ -56,8 +56,8 @@ def warn_tiny_model(cfg: Config) -> str | None:
     """The warning for the built-in 0.5M-parameter model on a task it was not made for (a
     dataset, an agent program, an environment server): it knows only what its warm-up taught
     it, so its reward there is usually 0 from the first step to the last."""
-    # An agent program's tasks are those of env.agent_tasks (the built-in ones included).
-    task = cfg.env.agent_tasks if cfg.env.name == "agent" else cfg.env.name
+    # An agent program's tasks are those of env.agent.tasks (the built-in ones included).
+    task = cfg.env.agent.tasks if cfg.env.name == "agent" else cfg.env.name
     if cfg.model.name_or_path != "builtin:tiny" or task in TINY_TASKS:
         return None
     text = (

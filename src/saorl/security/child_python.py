@@ -9,7 +9,7 @@ to this process's import path before anything is imported: saorl's own folder fi
 also what makes a checkout run with `PYTHONPATH=src` start its own saorl, not an installed
 one), then this process's own entries (site-packages, the user's PYTHONPATH folders): a child
 never adds the current directory on its own.
-The verifiers runner, which may be another venv's Python (`env.verifiers_python`), keeps that
+The verifiers runner, which may be another venv's Python (`env.verifiers.python`), keeps that
 interpreter's own path with saorl's folder first (it then adds the taskset's folder itself).
 The in-sandbox runners are started isolated already (`saorl.sandbox`).
 """

@@ -18,10 +18,12 @@ does for `auto_map`, unless the command line passes `--trust-remote-code`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from functools import reduce
 from pathlib import Path
 from typing import Any
 
 from saorl.config import Config, ConfigError, load_config, parse_override
+from saorl.config.base import leaf_fields
 from saorl.config.env import BUILTIN_ENVS, DATASET_PRESET_NAMES
 
 FLAG = "--trust-remote-code"
@@ -55,10 +57,10 @@ _ALLOWED_BY_SECTION = {
     "sft_lr sft_batch_size",
     "env": "args num_digits eval_size seed max_turns max_tool_calls step_timeout_s "
     "reward_signature reward_weights reward_timeout_s use_tool tool_format tool_timeout_s "
-    "problem_key answer_key answer_extractor rg_datasets rg_answer_format system_prompt "
-    "instructions swe_source swe_num_tasks swe_command_timeout_s swe_test_timeout_s "
-    "swe_grade_timeout_s swe_max_output_chars swe_task_envs swe_env_build_timeout_s "
-    "swe_validate openenv_tool",
+    "problem_key answer_key answer_extractor reasoning_gym.datasets reasoning_gym.answer_format "
+    "system_prompt instructions swe.source swe.num_tasks swe.command_timeout_s "
+    "swe.test_timeout_s swe.grade_timeout_s swe.max_output_chars swe.task_envs "
+    "swe.env_build_timeout_s swe.validate_tasks openenv.tool",
     "run": "name output_dir seed total_steps eval_every eval_samples checkpoint_every "
     "keep_last_checkpoints save_hf stop_timeout_s concurrency deterministic torch_threads "
     "max_worker_restarts progress project log_samples_every log_samples_count stop_on_collapse",
@@ -78,19 +80,19 @@ GATED = {
     "env.name": "Python code (your own environment)",
     "env.reward_fns": "Python code (reward functions)",
     "env.tools": "Python code (tool functions)",
-    "env.agent": "Python code (an agent program)",
-    "env.agent_command": "a shell command run every episode",
-    "env.agent_tasks": "Python code (a task source)",
-    "env.agent_env_passthrough": "variables of this host's environment an agent command gets",
-    "env.agent_host": "the network address the agent endpoint listens on",
-    "env.openenv_app": "Python code (an OpenEnv app)",
-    "env.openenv_url": "a server saorl connects to",
-    "env.verifiers_env": "Python code (a verifiers taskset)",
-    "env.verifiers_python": "an interpreter run every episode",
-    "env.swe_pip_args": "packages pip builds and installs",
-    "env.swe_tasks": "a task file (repositories whose code runs when graded)",
-    "env.swe_repos_root": "repositories whose code runs when graded",
-    "env.swe_cache_dir": "a folder saorl writes",
+    "env.agent.function": "Python code (an agent program)",
+    "env.agent.command": "a shell command run every episode",
+    "env.agent.tasks": "Python code (a task source)",
+    "env.agent.env_passthrough": "variables of this host's environment an agent command gets",
+    "env.agent.host": "the network address the agent endpoint listens on",
+    "env.openenv.app": "Python code (an OpenEnv app)",
+    "env.openenv.url": "a server saorl connects to",
+    "env.verifiers.taskset": "Python code (a verifiers taskset)",
+    "env.verifiers.python": "an interpreter run every episode",
+    "env.swe.pip_args": "packages pip builds and installs",
+    "env.swe.tasks": "a task file (repositories whose code runs when graded)",
+    "env.swe.repos_root": "repositories whose code runs when graded",
+    "env.swe.cache_dir": "a folder saorl writes",
     "env.dataset": "a data file",
     "env.eval_dataset": "a data file",
     "env.data_root": "a data folder",
@@ -108,7 +110,7 @@ def _dataset_presets() -> tuple[str, ...]:
 # Values of a gated field that name nothing outside saorl (besides its default).
 _HARMLESS = {
     "env.name": lambda: BUILTIN_ENVS,
-    "env.agent_tasks": lambda: BUILTIN_ENVS,
+    "env.agent.tasks": lambda: BUILTIN_ENVS,
     "env.dataset": _dataset_presets,
     "env.eval_dataset": _dataset_presets,
     "run.trackers": lambda: ([], ["tensorboard"]),
@@ -116,17 +118,14 @@ _HARMLESS = {
 
 
 def _default(key: str) -> Any:
-    section, name = key.split(".")
-    field = Config.model_fields[section].annotation.model_fields[name]  # type: ignore[union-attr]
-    return field.get_default(call_default_factory=True)
+    return leaf_fields(Config)[key].get_default(call_default_factory=True)
 
 
 def code_references(cfg: Config) -> list[tuple[str, str, Any]]:
     """`(key, what, value)` for every gated field of `cfg` set to something it names."""
     refs = []
     for key, what in GATED.items():
-        section, name = key.split(".")
-        value = getattr(getattr(cfg, section), name)
+        value = reduce(getattr, key.split("."), cfg)
         harmless = _HARMLESS.get(key, tuple)()
         if value != _default(key) and value not in harmless:
             refs.append((key, what, value))
@@ -152,7 +151,7 @@ def check_saved_code(
 
 
 def override_keys(overrides: Sequence[str]) -> set[str]:
-    """The `section.field` keys of command-line overrides."""
+    """The `section.field` keys of command-line overrides (`env.swe.tasks` for a nested one)."""
     return {".".join(parse_override(item)[:2]) for item in overrides}
 
 

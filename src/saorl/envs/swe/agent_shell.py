@@ -1,4 +1,4 @@
-"""A command agent's episode on a coding task (`env.name = "agent"`, `env.agent_tasks = "swe"`).
+"""A command agent's episode on a coding task (`env.name = "agent"`, `env.agent.tasks = "swe"`).
 
 An agent program that runs its own loop (mini-swe-agent, docs/mini-swe-agent.md) gets, for one
 episode, a shell over the task's repository copy served on a unix socket; saorl runs each of
@@ -10,7 +10,7 @@ the copy holds when the program exits, with the coding env's grader and integrit
 The protocol, one request per connection: the client sends one JSON line
 `{"command": "..."}` and reads one JSON line back, `{"output": str, "returncode": int,
 "exception_info": str}` (the fields mini-swe-agent's environments return): stdout then
-stderr, capped at `env.swe_max_output_chars`; `exception_info` says why a command did not run
+stderr, capped at `env.swe.max_output_chars`; `exception_info` says why a command did not run
 or was stopped (a timeout, the memory limit, an unusable command), else "".
 
 The socket lives in a private folder per episode (mode 0700, `SAORL_AGENT_DIR`, also the

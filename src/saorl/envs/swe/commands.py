@@ -6,9 +6,9 @@ check of a SWE-bench-format task file (hooked into `saorl.cli.main` by `add_pars
     saorl swe-validate tasks.jsonl --repos-root DIR [--jobs N] [--fresh] [--config FILE.toml]
                    [env.field=value ...]
 
-Both read the `[env]` settings of a config (`--config`, overrides): `env.swe_cache_dir` (where
-environments, snapshots and verdicts are cached), `env.swe_pip_args`, `env.swe_task_envs`,
-`env.swe_test_timeout_s`, `env.swe_grade_timeout_s`. Exit codes: 0 success (swe-validate: every
+Both read the `[env]` settings of a config (`--config`, overrides): `env.swe.cache_dir` (where
+environments, snapshots and verdicts are cached), `env.swe.pip_args`, `env.swe.task_envs`,
+`env.swe.test_timeout_s`, `env.swe.grade_timeout_s`. Exit codes: 0 success (swe-validate: every
 task valid), 1 swe-validate found a task that is not valid, 2 bad command line, config or input
 file, 130 interrupted. Nothing heavy is imported here: `saorl --help` stays fast.
 """
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from saorl.config import ConfigError, load_config
+from saorl.config.env_families import SweConfig
 
 COMMANDS = ("swe-mine", "swe-validate")
 
@@ -29,9 +30,9 @@ examples:
   saorl swe-mine ~/src/attrs --out tasks.jsonl                 # every commit of HEAD
   saorl swe-mine ~/src/attrs --out tasks.jsonl --max-commits 200 --jobs 4
   saorl swe-mine ~/src/attrs --out tasks.jsonl --rev v22.1.0..main
-  saorl swe-mine repo --out t.jsonl env.swe_pip_args="--no-index --find-links wheels"
+  saorl swe-mine repo --out t.jsonl env.swe.pip_args="--no-index --find-links wheels"
 then train on them (the checkout's parent directory holds the repositories):
-  saorl train --config examples/swe_real.toml env.swe_tasks=tasks.jsonl env.swe_repos_root=~/src
+  saorl train --config examples/swe_real.toml env.swe.tasks=tasks.jsonl env.swe.repos_root=~/src
 """
 
 
@@ -82,7 +83,7 @@ def add_parsers(commands: Any) -> None:
         "--repos-root",
         required=True,
         metavar="DIR",
-        help="directory of the git checkouts (env.swe_repos_root)",
+        help="directory of the git checkouts (env.swe.repos_root)",
     )
     val.add_argument(
         "--jobs",
@@ -103,7 +104,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
         "overrides",
         nargs="*",
         metavar="env.field=value",
-        help="config overrides, e.g. env.swe_pip_args=...",
+        help="config overrides, e.g. env.swe.pip_args=...",
     )
 
 
@@ -118,10 +119,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"saorl {name}: error: --jobs and --max-commits must be >= 0", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(args.config, [*args.overrides, *extra]).env
+        swe = load_config(args.config, [*args.overrides, *extra]).env.swe
         if name == "swe-mine":
-            return _mine(args, cfg)
-        return _validate(args, cfg)
+            return _mine(args, swe)
+        return _validate(args, swe)
     except ConfigError as exc:
         print(f"saorl {name}: error: {exc}", file=sys.stderr)
         return 2
@@ -130,16 +131,16 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         return 130
 
 
-def _cache_dir(cfg: Any) -> Path:
+def _cache_dir(swe: SweConfig) -> Path:
     from saorl.envs.swe.workspace import UnsafeCacheDir, swe_cache_dir
 
     try:
-        return swe_cache_dir(cfg.swe_cache_dir)
+        return swe_cache_dir(swe.cache_dir)
     except UnsafeCacheDir as e:
-        raise ConfigError(f"env.swe_cache_dir: {e}") from None
+        raise ConfigError(f"env.swe.cache_dir: {e}") from None
 
 
-def _mine(args: argparse.Namespace, cfg: Any) -> int:
+def _mine(args: argparse.Namespace, swe: SweConfig) -> int:
     from saorl.envs.swe.grading import check_pytest
     from saorl.envs.swe.mine import MineOptions, default_jobs, mine
 
@@ -156,7 +157,7 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
         max_commits=args.max_commits,
         jobs=args.jobs or default_jobs(),
     )
-    counts = mine(opts, cfg, _cache_dir(cfg))
+    counts = mine(opts, swe, _cache_dir(swe))
     print(
         f"swe-mine: {counts['written']} task(s) appended to {out} ({counts['examined']} "
         f"commit(s) examined: {counts['rejected']} candidate(s) left out, "
@@ -165,22 +166,22 @@ def _mine(args: argparse.Namespace, cfg: Any) -> int:
     )
     root = checkout.resolve().parent
     print(
-        f"train: saorl train --config examples/swe_real.toml env.swe_tasks={out} "
-        f"env.swe_repos_root={root}"
+        f"train: saorl train --config examples/swe_real.toml env.swe.tasks={out} "
+        f"env.swe.repos_root={root}"
     )
     return 0
 
 
-def _validate(args: argparse.Namespace, cfg: Any) -> int:
+def _validate(args: argparse.Namespace, swe: SweConfig) -> int:
     from saorl.envs.swe.grading import check_pytest
     from saorl.envs.swe.swebench import load_swebench
     from saorl.envs.swe.validate import check_tasks, default_jobs, table
 
     check_pytest()
-    cache = _cache_dir(cfg)
+    cache = _cache_dir(swe)
     tasks = load_swebench(args.tasks, args.repos_root, cache)
     checked = check_tasks(
-        tasks, cfg, cache, use_cache=not args.fresh, jobs=args.jobs or default_jobs()
+        tasks, swe, cache, use_cache=not args.fresh, jobs=args.jobs or default_jobs()
     )
     results = [v for _, v in checked]
     print(table(results))

@@ -1,6 +1,6 @@
 """SWE-bench-format tasks mined from a repository's history, as SWE-Gym and SWE-smith do.
 
-    rows = mine(MineOptions(checkout=Path("~/src/attrs"), out=Path("tasks.jsonl")), cfg)
+    rows = mine(MineOptions(checkout=Path("~/src/attrs"), out=Path("tasks.jsonl")), swe)
 
 Candidates are the commits on the first-parent line of `rev` (newest first; `--since`,
 `--max-commits`) whose change against their first parent touches at least one Python file that
@@ -41,7 +41,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from saorl.config import ConfigError, EnvConfig
+from saorl.config import ConfigError
+from saorl.config.env_families import SweConfig
 from saorl.envs.swe.git import git, git_text
 from saorl.envs.swe.grading import TestRun, run_task_tests
 from saorl.envs.swe.swebench import changes_from_patch, check_repo_name, task_from_row
@@ -133,12 +134,12 @@ def split_changes(repo: Path, commit: str) -> tuple[list[str], list[str]] | None
     return code, tests
 
 
-def _key(opts_repo: str, commit: str, cfg: EnvConfig, checkout: Path) -> str:
+def _key(opts_repo: str, commit: str, swe: SweConfig, checkout: Path) -> str:
     settings = [
         code_hash(),
-        cfg.swe_pip_args,
-        cfg.swe_test_timeout_s,
-        cfg.swe_task_envs,
+        swe.pip_args,
+        swe.test_timeout_s,
+        swe.task_envs,
         str(checkout.resolve()),
     ]  # two checkouts of one name are two repositories
     digest = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:12]
@@ -152,7 +153,7 @@ def _passing(run: TestRun) -> set[str]:
 
 
 def mine_commit(
-    opts: MineOptions, repo_name: str, commit: str, cfg: EnvConfig, cache_dir: Path
+    opts: MineOptions, repo_name: str, commit: str, swe: SweConfig, cache_dir: Path
 ) -> Outcome:
     """The validated row of `commit`, or why there is none."""
     split = split_changes(opts.checkout, commit)
@@ -188,7 +189,7 @@ def mine_commit(
     task = task_from_row(row, opts.checkout, cache_dir, f"swe-mine: {commit[:12]}")
     outcome = Outcome(commit, None, "interrupted")
     try:
-        outcome = _run_and_validate(opts, commit, row, task, tests, cfg, cache_dir)
+        outcome = _run_and_validate(opts, commit, row, task, tests, swe, cache_dir)
     finally:
         if outcome.row is None and task.snapshot.is_dir():
             remove_tree(task.snapshot)  # a rejected commit's snapshot: no task will use it
@@ -201,15 +202,15 @@ def _run_and_validate(
     row: dict[str, Any],
     task: SweTask,
     tests: list[str],
-    cfg: EnvConfig,
+    swe: SweConfig,
     cache_dir: Path,
 ) -> Outcome:
     """FAIL_TO_PASS and PASS_TO_PASS of the row, then its verdict."""
-    if cfg.swe_task_envs != "none":
+    if swe.task_envs != "none":
         assert task.source is not None
         try:
             env = ensure_env(
-                task.source, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+                task.source, cache_dir, shlex.split(swe.pip_args), swe.env_build_timeout_s
             )
         except EnvBuildError as e:
             return Outcome(commit, None, f"environment build failed: {e}", remember=False)
@@ -218,8 +219,8 @@ def _run_and_validate(
     if not run_files:
         return Outcome(commit, None, "its test changes hold no test module to run")
     kw = {
-        "test_timeout_s": cfg.swe_test_timeout_s,
-        "wall_s": cfg.swe_grade_timeout_s,
+        "test_timeout_s": swe.test_timeout_s,
+        "wall_s": swe.grade_timeout_s,
         "parent": cache_dir / "work",
     }
     try:
@@ -298,7 +299,7 @@ def _progress(total: int) -> Any:
 
 
 def mine(
-    opts: MineOptions, cfg: EnvConfig, cache_dir: Path, log: Callable[[str], None] | None = None
+    opts: MineOptions, swe: SweConfig, cache_dir: Path, log: Callable[[str], None] | None = None
 ) -> dict[str, int]:
     """Mine `opts.checkout` into `opts.out` (appending); returns counts by outcome."""
     if not (opts.checkout / ".git").exists():
@@ -322,11 +323,11 @@ def mine(
     lock = threading.Lock()
 
     def one(commit: str) -> Outcome:
-        path = memo / f"{_key(repo_name, commit, cfg, opts.checkout)}.json"
+        path = memo / f"{_key(repo_name, commit, swe, opts.checkout)}.json"
         if (reason := _remembered(path)) is not None:
             return Outcome(commit, None, reason, remember=False)
         try:
-            outcome = mine_commit(opts, repo_name, commit, cfg, cache_dir)
+            outcome = mine_commit(opts, repo_name, commit, swe, cache_dir)
         except Exception as e:  # a failing git or sandbox call costs this commit, not the run
             return Outcome(commit, None, f"error: {type(e).__name__}: {e}", remember=False)
         if outcome.row is None and outcome.remember:

@@ -5,7 +5,8 @@ library and mini-swe-agent (saorl, torch and their pins are not installed there)
 its path to every command agent on coding tasks as SAORL_MINISWE_RUNNER, so a config names it
 without knowing where saorl is installed (examples/swe_mini_agent.toml):
 
-    agent_command = '.venv-miniswe/bin/python "$SAORL_MINISWE_RUNNER" swebench.yaml x.y=1'
+    [env.agent]
+    command = '.venv-miniswe/bin/python "$SAORL_MINISWE_RUNNER" swebench.yaml x.y=1'
 
 Its arguments (`swebench.yaml x.y=1`, optional) are mini-swe-agent's config specs, as its `-c`
 takes them (a YAML file, a built-in config's name, or `key.path=value`), merged in order; as

@@ -52,39 +52,39 @@ class GoldDemo:
 
 def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
     try:
-        cache = swe_cache_dir(cfg.swe_cache_dir)
+        cache = swe_cache_dir(cfg.swe.cache_dir)
     except UnsafeCacheDir as e:
-        raise ConfigError(f"env.swe_cache_dir: {e}") from None
-    if cfg.swe_source == "generated":
+        raise ConfigError(f"env.swe.cache_dir: {e}") from None
+    if cfg.swe.source == "generated":
         from saorl.envs.swe.gen.generator import generate_pool
 
-        if cfg.swe_task_envs == "venv":
+        if cfg.swe.task_envs == "venv":
             raise ConfigError(
-                "env.swe_task_envs: 'venv' builds environments from a repository's metadata, "
-                "which generated tasks do not have; use 'auto' or 'none' with swe_source = "
-                "'generated'"
+                "env.swe.task_envs: 'venv' builds environments from a repository's metadata, "
+                "which generated tasks do not have; use 'auto' or 'none' with env.swe.source "
+                "= 'generated'"
             )
 
-        num_train = 0 if held_out_only else cfg.swe_num_tasks  # held-out tasks come first
+        num_train = 0 if held_out_only else cfg.swe.num_tasks  # held-out tasks come first
         held_out, train = generate_pool(cfg.seed, cfg.eval_size, num_train, cache)
-    elif cfg.swe_source == "swebench":
+    elif cfg.swe.source == "swebench":
         from saorl.envs.swe.swebench import load_swebench
         from saorl.envs.swe.validate import prepare_tasks
 
-        if not cfg.swe_tasks:
+        if not cfg.swe.tasks:
             raise ConfigError(
-                "env.swe_tasks: env.swe_source='swebench' needs the path of a SWE-bench .jsonl"
+                "env.swe.tasks: env.swe.source='swebench' needs the path of a SWE-bench .jsonl"
             )
         check_pytest()
-        tasks = load_swebench(cfg.swe_tasks, cfg.swe_repos_root, cache)
-        tasks = prepare_tasks(tasks, cfg, cache)  # environments built, tasks validated
+        tasks = load_swebench(cfg.swe.tasks, cfg.swe.repos_root, cache)
+        tasks = prepare_tasks(tasks, cfg.swe, cache)  # environments built, tasks validated
         n_eval = min(cfg.eval_size, len(tasks))
         if held_out_only and "eval_size" not in cfg.model_fields_set:
             n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set
         held_out, train = tasks[len(tasks) - n_eval :], tasks[: len(tasks) - n_eval]
     else:
-        raise ConfigError(f"env.swe_source: unknown source {cfg.swe_source!r}")
-    runner = ToolRunner(cfg.swe_command_timeout_s, cfg.swe_max_output_chars)
+        raise ConfigError(f"env.swe.source: unknown source {cfg.swe.source!r}")
+    runner = ToolRunner(cfg.swe.command_timeout_s, cfg.swe.max_output_chars)
 
     def make_env() -> SweEnv:
         return SweEnv(
@@ -92,8 +92,8 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
             runner,
             max_turns=cfg.max_turns,
             max_tool_calls=cfg.max_tool_calls,
-            test_timeout_s=cfg.swe_test_timeout_s,
-            grade_timeout_s=cfg.swe_grade_timeout_s,
+            test_timeout_s=cfg.swe.test_timeout_s,
+            grade_timeout_s=cfg.swe.grade_timeout_s,
             work_dir=cache / "work",
         )
 
@@ -104,5 +104,5 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
         max_turns=cfg.max_turns,
         max_tool_calls=cfg.max_tool_calls,
         stop=tuple(stop_strings(cfg.tool_format, tag=CODE_TAG)),
-        demo=demo if cfg.swe_source == "generated" else None,
+        demo=demo if cfg.swe.source == "generated" else None,
     )

@@ -62,7 +62,7 @@ def check_repo_name(repo: str, where: str) -> None:
     if not REPO_NAME.fullmatch(repo) or ".." in repo.split("/") or "/." in f"/{repo}":
         raise ConfigError(
             f"{where}: repo {repo!r} is not a repository name ('name' or 'owner/name' of "
-            "letters, digits, '_', '-', '.'); it must name a checkout under env.swe_repos_root"
+            "letters, digits, '_', '-', '.'); it must name a checkout under env.swe.repos_root"
         )
 
 
@@ -75,7 +75,7 @@ def find_repo(root: Path, repo: str, where: str) -> Path:
             return path
     owner, _, name = repo.partition("/")
     raise ConfigError(
-        f"{where}: repository {repo!r} is not present under env.swe_repos_root={str(root)!r} "
+        f"{where}: repository {repo!r} is not present under env.swe.repos_root={str(root)!r} "
         f"(looked for a git checkout at {', '.join(map(str, tried))}); clone it there, e.g. "
         f"`git clone <url of {repo}> {root / f'{owner}__{name}'}`"
     )
@@ -122,17 +122,17 @@ def load_swebench(path: str | Path, repos_root: str | Path, cache_dir: Path) -> 
     """Every task of a SWE-bench JSONL file; raises ConfigError naming the line and the fix."""
     path, root = Path(path), Path(repos_root)
     if not path.is_file():
-        raise ConfigError(f"env.swe_tasks: {str(path)!r} is not a file (a SWE-bench .jsonl)")
+        raise ConfigError(f"env.swe.tasks: {str(path)!r} is not a file (a SWE-bench .jsonl)")
     if not str(repos_root) or not root.is_dir():
         raise ConfigError(
-            f"env.swe_repos_root: {str(repos_root)!r} is not a directory; set it to the "
+            f"env.swe.repos_root: {str(repos_root)!r} is not a directory; set it to the "
             "directory that holds the repository checkouts"
         )
     tasks = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
-        where = f"env.swe_tasks: {path} line {n}"
+        where = f"env.swe.tasks: {path} line {n}"
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
@@ -143,7 +143,7 @@ def load_swebench(path: str | Path, repos_root: str | Path, cache_dir: Path) -> 
         repo = find_repo(root, str(row["repo"]), where)
         tasks.append(task_from_row(row, repo, cache_dir, where))
     if not tasks:
-        raise ConfigError(f"env.swe_tasks: {path} holds no tasks")
+        raise ConfigError(f"env.swe.tasks: {path} holds no tasks")
     return tasks
 
 

@@ -1,10 +1,10 @@
 """SWE-bench tasks checked before use, as SWE-bench validates its instances: the gold patch
 resolves the task and an empty patch does not.
 
-    usable = prepare_tasks(load_swebench(...), cfg, cache_dir)   # what spec.py does
-    results = check_tasks(tasks, cfg, cache_dir)                  # what `saorl swe-validate` prints
+    usable = prepare_tasks(load_swebench(...), swe, cache_dir)   # what spec.py does
+    results = check_tasks(tasks, swe, cache_dir)                 # what `saorl swe-validate` prints
 
-`check_tasks` first builds each task's environment (`venv.py`, unless `env.swe_task_envs =
+`check_tasks` first builds each task's environment (`venv.py`, unless `env.swe.task_envs =
 "none"`), then grades the gold patch and the empty patch in the sandbox, exactly as an episode
 is graded. Each task gets a `Validation`: "valid", "invalid" (with the reason: the gold patch
 does not apply or leaves named tests failing, an empty patch already resolves it, no gold patch)
@@ -33,7 +33,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from saorl.config import ConfigError, EnvConfig
+from saorl.config import ConfigError
+from saorl.config.env_families import SweConfig
 from saorl.envs.swe.grading import GradeResult, grade
 from saorl.envs.swe.outcomes import CUT_SHORT, TOLERATED, counts_as_passing
 from saorl.envs.swe.swebench import changes_from_patch
@@ -208,7 +209,7 @@ def default_jobs() -> int:
 
 def check_tasks(
     tasks: list[SweTask],
-    cfg: EnvConfig,
+    swe: SweConfig,
     cache_dir: Path,
     *,
     use_cache: bool = True,
@@ -217,14 +218,14 @@ def check_tasks(
     """Every task, in order, with its environment attached (when built) and its verdict."""
     by_key: dict[str, Validation] = {}
     ready = tasks
-    if cfg.swe_task_envs != "none":
+    if swe.task_envs != "none":
         ready, failed = attach_envs(
-            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+            tasks, cache_dir, shlex.split(swe.pip_args), swe.env_build_timeout_s
         )
         by_key.update({f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed})
     kw = {
-        "test_timeout_s": cfg.swe_test_timeout_s,
-        "wall_s": cfg.swe_grade_timeout_s,
+        "test_timeout_s": swe.test_timeout_s,
+        "wall_s": swe.grade_timeout_s,
         "parent": cache_dir / "work",
     }
     with ThreadPoolExecutor(jobs or default_jobs()) as pool:
@@ -254,17 +255,17 @@ def table(results: list[Validation], reason_chars: int = 120) -> str:
 
 
 def prepare_tasks(
-    tasks: list[SweTask], cfg: EnvConfig, cache_dir: Path, where: str = "env.swe_tasks"
+    tasks: list[SweTask], swe: SweConfig, cache_dir: Path, where: str = "env.swe.tasks"
 ) -> list[SweTask]:
-    """The usable tasks: environments built (env.swe_task_envs) and, with env.swe_validate,
+    """The usable tasks: environments built (env.swe.task_envs) and, with env.swe.validate_tasks,
     validated; the others are logged with their reason. ConfigError when none remain."""
-    if cfg.swe_task_envs == "none" and not cfg.swe_validate:
+    if swe.task_envs == "none" and not swe.validate_tasks:
         return tasks
-    if cfg.swe_validate:
-        checked = check_tasks(tasks, cfg, cache_dir)
+    if swe.validate_tasks:
+        checked = check_tasks(tasks, swe, cache_dir)
     else:
         ready, failed = attach_envs(
-            tasks, cache_dir, shlex.split(cfg.swe_pip_args), cfg.swe_env_build_timeout_s
+            tasks, cache_dir, shlex.split(swe.pip_args), swe.env_build_timeout_s
         )
         bad = {f.key: Validation(f.key, "env_error", f.reason, 0.0) for f in failed}
         ok = {t.key: t for t in ready}

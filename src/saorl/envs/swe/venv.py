@@ -4,7 +4,7 @@ and runs.
 
     env = ensure_env(task.source, cache_dir, pip_args=["--no-index", "--find-links", "wheels"])
 
-Under `<env.swe_cache_dir>/envs/`:
+Under `<env.swe.cache_dir>/envs/`:
 - `<repo>-<commit12>-<hash16>/venv/`: the environment, bound read-only into the sandbox;
 - `<repo>-<commit12>-<hash16>/build.log`: pip's output;
 - `<repo>-<commit12>-<hash16>/ready.json`: written last, atomically; a directory without it is
@@ -13,7 +13,7 @@ Under `<env.swe_cache_dir>/envs/`:
   the others wait and then reuse it.
 The hash covers everything the build reads: the install files at the commit (`pyproject.toml`,
 `setup.py`, `setup.cfg`, the requirements files), the extras and files chosen from them,
-`env.swe_pip_args`, saorl's interpreter and site-packages, and `BUILD_VERSION`.
+`env.swe.pip_args`, saorl's interpreter and site-packages, and `BUILD_VERSION`.
 
 How an environment is built: the repository's build code (`setup.py`, an in-tree PEP 517
 backend) is hostile input, so everything that runs or reads what it made runs in the sandbox

@@ -98,7 +98,7 @@ def secure_cache_dir(path: Path) -> Path:
 
 
 def swe_cache_dir(configured: str) -> Path:
-    """`env.swe_cache_dir` (default: `default_cache_dir()`), created and checked."""
+    """`env.swe.cache_dir` (default: `default_cache_dir()`), created and checked."""
     return secure_cache_dir(Path(configured).expanduser() if configured else default_cache_dir())
 
 

@@ -1,4 +1,4 @@
-"""Generated coding tasks (`env.swe_source = "generated"`): a small repository built from
+"""Generated coding tasks (`env.swe.source = "generated"`): a small repository built from
 template modules, a bug injected by AST mutation, validated in the sandbox.
 
 - `templates.py`: the template modules and their tests, read from package data
