@@ -84,6 +84,10 @@ class Program:
 
     drives_model = True
     offload = True
+    host = "127.0.0.1"
+    models = ("policy",)
+    tool_format = "hermes"
+    processes = None
 
     async def run(self, task, base_url, api_key, conversation, worker="", local=None):
         return 1.0, {}  # no call to the endpoint: the episode fails as `no_calls`

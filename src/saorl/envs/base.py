@@ -68,6 +68,15 @@ class HasTools(Protocol):
 
 
 @runtime_checkable
+class HasToolFormat(Protocol):
+    """`fmt`: how the environment reads a tool call from the model's text ("code", "hermes",
+    "llama3": `saorl.toolcalls`); a client that gets calls as structured replies writes them
+    back in it (`saorl.evaluation.openai_client`)."""
+
+    fmt: str
+
+
+@runtime_checkable
 class EndsEpisodes(Protocol):
     """`end_episode()`: called from the rollout worker's thread once when the episode ends,
     however it ends; it releases what the episode holds (a server session), without
@@ -88,9 +97,16 @@ class HasRoom(Protocol):
 class DrivesModel(Protocol):
     """An agent program (`saorl.envs.agent.AgentProgram`): it calls the model itself, through
     the rollout worker's endpoint, instead of being stepped (`drives_model = True`); `run`
-    plays one episode and returns its `(reward, metrics)`."""
+    plays one episode and returns its `(reward, metrics)`. The endpoint it is served by
+    listens on `host`, answers for the model names `models` and writes tool calls in
+    `tool_format` ("hermes" or "llama3"); `processes` is what caps and kills command agents'
+    processes (`saorl.envs.agent_procs`), or None."""
 
     drives_model: bool
+    host: str
+    models: Sequence[str]
+    tool_format: str
+    processes: Any
 
     async def run(
         self,
@@ -101,6 +117,22 @@ class DrivesModel(Protocol):
         worker: str = "",
         local: Callable[[], Any] | None = None,
     ) -> tuple[float, dict[str, Any]]: ...
+
+
+@runtime_checkable
+class BindsTokenizer(Protocol):
+    """An agent program that renders its prompts itself (verifiers): `bind_tokenizer` gets
+    the policy's tokenizer once, when its rollout worker first serves it."""
+
+    def bind_tokenizer(self, tokenizer: Any) -> None: ...
+
+
+@runtime_checkable
+class ClosesPerWorker(Protocol):
+    """An agent program that keeps something per rollout worker (verifiers' runner process):
+    `aclose()` releases it when the worker stops."""
+
+    async def aclose(self) -> None: ...
 
 
 @runtime_checkable

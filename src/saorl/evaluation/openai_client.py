@@ -32,7 +32,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from saorl.envs.base import Env, task_key
+from saorl.envs.base import Env, HasToolFormat, task_key, tool_schemas
 from saorl.toolcalls import render_tool_call
 
 # A reply larger than this is not a chat completion saorl would use.
@@ -124,7 +124,7 @@ def chat_episode(
     loop = asyncio.new_event_loop()
     try:
         messages = list(loop.run_until_complete(env.reset(task)))
-        schemas = list(getattr(env, "tools", None) or [])
+        schemas = tool_schemas(env) or []
         turns, tool_calls, reward, texts, info = 0, 0, 0.0, [], {}
         while True:
             body = {
@@ -153,7 +153,7 @@ def chat_episode(
             assistant: dict[str, Any] = {"role": "assistant", "content": text}
             if call is not None:
                 call_id, name, arguments = call
-                fmt = getattr(env, "fmt", "hermes")
+                fmt = env.fmt if isinstance(env, HasToolFormat) else "hermes"
                 # A Llama 3 call is the whole turn: text beside it would make it an answer.
                 rendered = render_tool_call(name, arguments, fmt)
                 text = rendered if fmt == "llama3" else f"{text}{rendered}"

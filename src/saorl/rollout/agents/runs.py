@@ -22,7 +22,13 @@ import time
 from collections import Counter
 from typing import Any
 
-from saorl.envs.base import AgentFailure, task_key
+from saorl.envs.base import (
+    AgentFailure,
+    BindsTokenizer,
+    ClosesPerWorker,
+    DrivesModel,
+    task_key,
+)
 from saorl.rollout.agents.records import AgentSession
 from saorl.rollout.agents.server import TrainingEndpoint
 from saorl.rollout.episode import Episode
@@ -36,7 +42,7 @@ _frozen = False
 class AgentRuns:
     """Agent episodes in flight in `worker` and the endpoint they call."""
 
-    def __init__(self, worker: Any, env: Any) -> None:
+    def __init__(self, worker: Any, env: DrivesModel) -> None:
         global _frozen
         if not _frozen:
             # Agent SDKs allocate many short-lived objects per call, which makes the collector
@@ -53,15 +59,14 @@ class AgentRuns:
             self._submit,
             worker.tokenizer,
             limits.max_seq_len,
-            host=getattr(env, "host", "127.0.0.1"),
-            models=tuple(getattr(env, "models", ("policy",))),
-            tool_format=getattr(env, "tool_format", "hermes"),
+            host=env.host,
+            models=tuple(env.models),
+            tool_format=env.tool_format,
             call_timeout_s=limits.env_timeout_s,
         )
         self.env = env
-        bind = getattr(env, "bind_tokenizer", None)
-        if bind is not None:  # a program that renders its prompts itself (verifiers)
-            bind(worker.tokenizer)
+        if isinstance(env, BindsTokenizer):  # it renders its prompts itself (verifiers)
+            env.bind_tokenizer(worker.tokenizer)
         self.pending: list[tuple[AgentSession, concurrent.futures.Future, float]] = []
         self.failures: Counter[str] = Counter()
         self._open = 0  # calls submitted and not answered
@@ -70,7 +75,7 @@ class AgentRuns:
         self._last_event = 0.0  # the last call, answer, episode start or episode end
         # Command agents: at most this many episodes at once (0: no cap), as many as programs
         # may run (`rollout.max_agent_processes`, saorl.envs.agent_procs).
-        self.procs = getattr(env, "processes", None)
+        self.procs = env.processes
         self.cap = 0
         if self.procs is not None:
             self.procs.set_max_processes(limits.max_agent_processes)
@@ -205,8 +210,7 @@ class AgentRuns:
         # Now, not when the cancelled episodes next run on their loop (which may be stopping).
         if self.procs is not None:
             self.procs.kill_groups(self.worker._bg_loop)
-        aclose = getattr(self.env, "aclose", None)
-        if aclose is not None:  # what the program keeps per worker (verifiers' runner process)
+        if isinstance(self.env, ClosesPerWorker):  # verifiers' runner process
             with contextlib.suppress(Exception):
-                self.worker._env_call(self.env, aclose()).result(timeout=30)
+                self.worker._env_call(self.env, self.env.aclose()).result(timeout=30)
         self.endpoint.shutdown()
