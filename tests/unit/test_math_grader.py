@@ -624,7 +624,7 @@ def test_grade_works_from_python_c_and_stdin(how: str, tmp_path: Path) -> None:
 @needs_math_verify
 def test_worker_exits_with_its_parent(tmp_path: Path) -> None:
     script = (
-        "from saorl.envs import math_grader\n"
+        "from saorl.envs.math import grader as math_grader\n"
         "math_grader.grade('\\\\boxed{\\\\sqrt{4}}', '2')\n"
         "print(math_grader._worker.process.pid, flush=True)\n"
         "import time; time.sleep(600)\n"
