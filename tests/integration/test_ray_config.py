@@ -54,3 +54,21 @@ def test_a_critic_actor_goes_with_several_learner_ranks():
     over = ["ray.critic_actor=true", "ray.learner_ranks=4", "learner.fsdp=true"]
     cfg = load_config(None, over)
     assert (cfg.ray.critic_actor, cfg.ray.learner_ranks) == (True, 4)
+
+
+def test_custom_resources_pin_actors_and_are_checked():
+    cfg = load_config(None, ["ray.learner_resources={learner_node = 1}"])
+    assert (cfg.ray.learner_resources, cfg.ray.rollout_resources) == ({"learner_node": 1.0}, {})
+    with pytest.raises(ConfigError, match=r"'CPU' is not a custom resource.*num_cpus"):
+        load_config(None, ["ray.rollout_resources={CPU = 1}"])
+    with pytest.raises(ConfigError, match=r"'rollout_node': the amount must be > 0"):
+        load_config(None, ["ray.rollout_resources={rollout_node = 0}"])
+
+
+def test_a_failed_ray_run_says_to_give_the_cluster_again(monkeypatch):
+    from saorl.run import lock
+
+    monkeypatch.setattr(lock, "last_claimed", Path("runs/r"))
+    assert lock.resume_hint().endswith("saorl train --resume runs/r")
+    # The saved address is not trusted on its own (saorl.security.trust): it must be given.
+    assert "saorl train --resume runs/r --ray-address ADDRESS" in lock.resume_hint("auto")

@@ -29,8 +29,11 @@ flight: an actor runs calls on several threads, and an older push landing after 
 would roll its weights back.
 
 A dead rollout actor is replaced (`respawn`) by a new one with the learner's current weights and
-the dead one's unfinished tasks, which the driver knows without asking the dead process; a
-broadcast group cannot swap a rank, so with `"broadcast"` a dead rollout actor stops the run.
+the dead one's unfinished tasks, which the driver knows without asking the dead process, whether
+it died between pushes, during one or during a checkpoint's pause (a node lost, say); the new
+actor goes wherever `ray.rollout_resources` fit, and waits up to `ray.start_timeout_s` for a node
+to place it on. A broadcast group cannot swap a rank, so with `"broadcast"` a dead rollout actor
+stops the run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import contextlib
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -146,9 +150,17 @@ class RayRolloutWorker:
     # -- checkpoints (saorl.rollout.resume) ------------------------------------------------
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No exchange in flight and the actor's worker held; its finished work is in `out`."""
+        """No exchange in flight and the actor's worker held; its finished work is in `out`.
+
+        A dead actor holds nothing to pause: its unfinished tasks are `in_flight` (known here)
+        and the collector replaces it after the checkpoint (`run.max_worker_restarts`)."""
         with self._lock:
-            self._deliver(self._call("pause"))
+            try:
+                self._deliver(self._call("pause"))
+            except ActorFailure as e:
+                self.error = self.error or e
+                yield
+                return
             try:
                 yield
             finally:
@@ -183,7 +195,12 @@ class RayWorkerPool(WorkerPool):
         remote = (
             ray_module()
             .remote(RolloutActor)
-            .options(num_cpus=rc.rollout_num_cpus, num_gpus=rc.rollout_num_gpus, max_concurrency=4)
+            .options(
+                num_cpus=rc.rollout_num_cpus,
+                num_gpus=rc.rollout_num_gpus,
+                resources=rc.rollout_resources or None,
+                max_concurrency=4,
+            )
         )
         actor = remote.remote(self.cfg, os.getcwd(), name, seed, self.tokenizer, self.limits)
         self._actors.append(actor)
@@ -231,14 +248,38 @@ class RayWorkerPool(WorkerPool):
                 f"{name}: restarting a rollout actor needs ray.weight_sync = 'object_store' "
                 "(a broadcast group cannot replace one of its ranks)"
             )
-        actor = self._spawn_actor(name, self._restart_seed(i))
-        room = get(actor.ready.remote(), name, timeout=self.cfg.ray.start_timeout_s)
+        actor, room = self._placed_anew(name, self._restart_seed(i))
         dead = self.workers[i].actor
         ray_module().kill(dead)
         self._actors.remove(dead)
         self._pushing = [(a, ref) for a, ref in self._pushing if a is not dead]
         get(actor.update_weights.remote(self._weights_ref(True), self.learner.version), name)
         return RayRolloutWorker(actor, name, self.feed, self.out, room)
+
+    def _placed_anew(self, name: str, seed: int) -> tuple[Any, int]:
+        """A new rollout actor `name`, ready, and its room; placed within `ray.start_timeout_s`.
+
+        One that dies before it is ready without an error of its own (a node lost: Ray may
+        place it on a node that is failing and not yet known dead) is started again, on the
+        nodes left or on one that joins meanwhile; an error of its constructor stops the run."""
+        ray = ray_module()
+        deadline = time.monotonic() + self.cfg.ray.start_timeout_s
+        while True:
+            actor = self._spawn_actor(name, seed)
+            try:
+                left = max(deadline - time.monotonic(), 1.0)
+                return actor, get(actor.ready.remote(), name, timeout=left)
+            except ActorFailure as e:
+                self._actors.remove(actor)
+                ray.kill(actor)
+                lost = isinstance(e.__cause__, ray.exceptions.RayActorError)
+                if not lost or e.__cause__.actor_init_failed or time.monotonic() > deadline:
+                    raise
+                print(
+                    f"saorl: {name}'s replacement died before it started ({e}); starting it again",
+                    file=sys.stderr,
+                )
+                time.sleep(1.0)  # the scheduler learns of the lost node meanwhile
 
     def update_weights(self, full: bool = False) -> int:
         """Push to every actor; the bytes one receives. `full`: with a LoRA policy's base
@@ -274,9 +315,23 @@ class RayWorkerPool(WorkerPool):
             self._finish_push()
 
     def _finish_push(self) -> None:
+        """Await the push in flight. An actor that died meanwhile (with its node, say) is left
+        to the collector, which replaces it with one that gets the current weights
+        (`respawn`), as when it dies between pushes; any other error stops the run (the
+        pushed state lost: the learner's node died)."""
         pushing, self._pushing = self._pushing, []
-        if pushing:
-            get([ref for _, ref in pushing], "weight push")
+        workers = {id(w.actor): w for w in self.workers}
+        for actor, ref in pushing:
+            worker = workers.get(id(actor))
+            try:
+                get(ref, worker.name if worker else "weight push")
+            except ActorFailure as e:
+                if not isinstance(e.__cause__, ray_module().exceptions.RayActorError):
+                    # The pushed state lived in the learner's node, which is gone.
+                    raise ActorFailure(f"learner: the weights it pushed were lost: {e}") from e
+                if worker is None:
+                    raise
+                worker.error = worker.error or e
 
     def push_via_broadcast(self, full: bool = False) -> None:
         """Needs the group that `start` forms when `ray.weight_sync = "broadcast"`."""

@@ -68,7 +68,7 @@ _ALLOWED_BY_SECTION = {
     "critic_clip_x critic_ev_steps",
     "ray": "enabled num_cpus learner_ranks learner_num_cpus learner_num_gpus rollout_num_cpus "
     "rollout_num_gpus critic_actor critic_num_cpus critic_num_gpus critic_placement "
-    "weight_sync start_timeout_s",
+    "weight_sync start_timeout_s learner_resources rollout_resources critic_resources",
 }
 ALLOWED = frozenset(f"{s}.{n}" for s, names in _ALLOWED_BY_SECTION.items() for n in names.split())
 
