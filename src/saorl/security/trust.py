@@ -42,7 +42,7 @@ _ALLOWED_BY_SECTION = {
     "rollout": "engine temperature top_p max_new_tokens score_truncated stop max_concurrent "
     "num_workers kv_cache forced_length forced_length_median forced_length_sigma "
     "vllm_gpu_memory_utilization vllm_kv_cache_gib vllm_enforce_eager "
-    "vllm_recompute_kv_on_update max_agent_processes",
+    "vllm_recompute_kv_on_update vllm_tensor_parallel_size max_agent_processes",
     "algorithm": "name advantage policy_loss group_size group_sampling clip_eps_low clip_eps_high "
     "minibatches lm_loss_coef lm_loss_min_reward baseline_window baseline_scope "
     "baseline_global_window eps_low eps_high loss_agg gamma lambda_mode lambda_policy "
