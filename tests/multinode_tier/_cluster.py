@@ -1,9 +1,10 @@
 """A Ray cluster of several nodes on this host, and `saorl train --ray-address` against it.
 
 `ray.cluster_utils.Cluster` starts each node as processes of its own (a raylet and its workers;
-the head also runs the GCS), as `ray start --head` and `ray start --address` do, so actors on
-two nodes are two processes that share nothing but the object store's network path, and
-removing a node kills its processes as a machine that fails would. Every node carries a custom
+the head also runs the GCS), as `ray start --head` and `ray start --address` do: actors on two
+nodes are processes under two raylets, objects go from one node's object store to the other's,
+and removing a node kills its processes as a machine that fails would (the nodes still share
+this host's filesystem and loopback network). Every node carries a custom
 resource naming its role (`learner_node`, `rollout_node`), which `ray.learner_resources` /
 `ray.rollout_resources` ask for. Where actors ran is read back from the GCS's actor table (the
 table Ray's state API serves; its HTTP front end, the dashboard, is not installed here).
@@ -58,7 +59,7 @@ class Nodes:
     def __init__(self) -> None:
         from ray.cluster_utils import Cluster
 
-        # Lost nodes are noticed within ~2 s instead of Ray's default ~30 s.
+        # A node that stops answering is declared dead after ~2 s (Ray's defaults wait longer).
         health = {"health_check_period_ms": 500, "health_check_failure_threshold": 4}
         self.cluster = Cluster(
             initialize_head=True,
