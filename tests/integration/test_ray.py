@@ -226,11 +226,14 @@ def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
     # The driver knows what the dead actor held: every admitted rollout not yet delivered.
     assert 0 < len(dead.in_flight()) <= feed.admitted
     # With restarts allowed the collector replaces it through `RayWorkerPool.respawn`: a fresh
-    # actor with the learner's weights takes the dead one's tasks, and a batch forms.
+    # actor with the learner's weights takes the dead one's tasks, and a batch forms. In
+    # asynchronous mode it is placed in the background (the other actors, none here, go on).
+    pool.sync = False
     collector.respawn, collector.max_restarts = pool.respawn, 1
     batch, _, _, _ = collector.collect(0, n, 1)
     assert len(batch) == n and collector.restarts == 1
-    assert workers[0] is not dead and workers[0].error is None
+    assert workers[0] is not dead and workers[0].error is None and workers[0].live
+    assert all(t.versions and set(t.versions) == {learner.version} for t in batch)
     got = ray.get(workers[0].actor.engine_state.remote())
     want = ray.get(learner.actor.policy_state.remote())
     assert all(torch.equal(v, want[k]) for k, v in got.items())

@@ -5,9 +5,10 @@ The learner is pinned to the node with `learner_node` and the rollout actors to 
 the GCS's actor table. Weights cross nodes on every push (the object store), and the engines'
 per-token versions and log-probs show they arrived: no trajectory gets staler than
 `learner.max_staleness`, and tokens sampled by the learner's current version have the
-learner's log-probs. Then a node is lost mid-run: a rollout node (its actors are rebuilt on a
-node that joins later, the run goes on) and the learner's node (the run stops, says how to
-resume, and `--resume` on a fresh cluster finishes it).
+learner's log-probs. Then nodes are lost mid-run: one of two rollout nodes (the run goes on
+with the other's actor while the lost actor's replacement waits for room), then the other (the
+run waits, and goes on when a new node joins and takes both replacements); and the learner's
+node (the run stops, says how to resume, and `--resume` on a fresh cluster finishes it).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ def test_learner_and_rollout_actors_on_their_own_nodes(nodes, tmp_path: Path) ->
     for r in samples(run):
         newest[r["step"]] = max(newest.get(r["step"], 0), r["versions"][1])
     by_step = [newest[s] for s in sorted(newest)]
-    assert by_step == sorted(by_step) and by_step[-1] >= 3, by_step
+    # (step 8 trains at version 6: its tokens are of version 6 - learner.max_staleness or newer;
+    # engines stuck at version 0 would have every later trajectory dropped as too stale.)
+    assert by_step == sorted(by_step) and by_step[-1] >= 2, by_step
     assert all(r["async/staleness_max"] <= 4 for r in rows)  # learner.max_staleness
     assert_each_task_trained_once(run)
     # Tokens sampled by the learner's current version have the learner's log-probs.
@@ -75,30 +78,39 @@ def test_learner_and_rollout_actors_on_their_own_nodes(nodes, tmp_path: Path) ->
     assert max(r["mismatch/max_abs_logprob_diff"] for r in current) < 1e-4
 
 
-def test_a_lost_rollout_node_is_replaced_and_the_run_goes_on(nodes, runs, tmp_path: Path):
+def test_lost_rollout_nodes_the_run_goes_on_then_waits_for_a_new_node(nodes, runs, tmp_path):
     learner_node = nodes.add("learner", {"learner_node": 1})
-    lost = nodes.add("rollout", {"rollout_node": 1})
+    first = nodes.add("rollout-a", {"rollout_node": 1})
+    second = nodes.add("rollout-b", {"rollout_node": 1})
     run, log = tmp_path / "rollout-lost", tmp_path / "rollout-lost.log"
-    proc = start_train(
-        train_cmd(nodes.address, run, "run.total_steps=12", "ray.start_timeout_s=120"), log
+    cmd = train_cmd(
+        nodes.address, run, "rollout.num_workers=2", "run.total_steps=40", "ray.start_timeout_s=120"
     )
+    proc = start_train(cmd, log)
     runs.append(proc)
     wait_for("step 3", lambda: len(train_rows(run)) >= 3, proc, log)
-    nodes.remove("rollout")  # the rollout actor goes with it
+    nodes.remove("rollout-a")  # one rollout actor goes with it; no node has room for another
     wait_for("the restart", lambda: "restarting it (1/3)" in log.read_text(), proc, log)
-    steps_before = len(train_rows(run))
-    time.sleep(3)  # no node has rollout_node: the new actor waits for one...
-    assert len(train_rows(run)) <= steps_before + 1  # (a batch already queued may still train)
-    replacement = nodes.add("rollout-2", {"rollout_node": 1})  # ... which joins now
+    # The run goes on with the other actor while the replacement waits for a node.
+    steps = len(train_rows(run))
+    wait_for("steps with one actor", lambda: len(train_rows(run)) >= steps + 3, proc, log)
+    nodes.remove("rollout-b")  # now no rollout actor is left...
+    wait_for("the second restart", lambda: "restarting it (2/3)" in log.read_text(), proc, log)
+    time.sleep(3)  # (batches already finished may still train)
+    stalled = len(train_rows(run))
+    time.sleep(3)
+    assert len(train_rows(run)) == stalled < 40  # ... and the run waits for a node
+    new = nodes.add("rollout-c", {"rollout_node": 2})  # which joins now: both replaced there
     assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
     assert _placed(nodes, "LearnerActor") == {learner_node}
-    assert _placed(nodes, "RolloutActor") == {lost, replacement}
+    assert _placed(nodes, "RolloutActor") == {first, second, new}
     rows = train_rows(run)
-    assert [r["step"] for r in rows] == list(range(1, 13))
-    assert rows[-1]["rollout/worker_restarts"] == 1
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert rows[-1]["rollout/worker_restarts"] == 2
     assert_each_task_trained_once(run)
-    # The replacement got the learner's weights: the last steps trained tokens of new versions.
-    assert max(r["versions"][1] for r in samples(run) if r["step"] == 12) >= 6
+    # The replacements sampled with the learner's current weights: the versions their tokens
+    # carry in the last step are recent ones.
+    assert max(r["versions"][1] for r in samples(run) if r["step"] == 40) >= 34
 
 
 def test_a_lost_learner_node_stops_the_run_and_resume_finishes_it(nodes, runs, tmp_path: Path):

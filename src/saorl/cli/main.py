@@ -147,7 +147,8 @@ def _train(args: argparse.Namespace) -> int:
         print("saorl train: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as exc:  # a Ray actor died: what, and where to go on from
-        if type(exc).__name__ != "ActorFailure":
+        # (or a rollout actor died past run.max_worker_restarts: the collector's error)
+        if "ActorFailure" not in (type(exc).__name__, type(exc.__cause__).__name__):
             raise
         hint = run_lock.resume_hint(cfg.ray.address)
         print(f"saorl train: error: {exc}\n{hint}", file=sys.stderr)
