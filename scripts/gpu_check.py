@@ -23,6 +23,10 @@ project's char tokenizer:
 4. real model: `--real-steps` SAO steps of SmolLM2-135M-Instruct (examples/real_model.toml,
    vLLM, bf16, 64 rollouts a step, K = 2): steps/s, held-out avg@4 before and after, MFU
    (scripts/gpu_check_real.py; the model from saorl's cache, `saorl model fetch smollm2-135m`).
+5. tensor parallelism: one vLLM engine over two GPUs (`rollout.vllm_tensor_parallel_size = 2`):
+   start-up, tokens/s, a push landing on requests in flight (per-token versions exact, the
+   engine's log-probs the learner's under the pushed weights); skipped with fewer than two GPUs
+   (scripts/gpu_check_tp.py).
 
 Each part runs in a fresh process (vLLM and a torch.distributed group do not share one) and
 writes its JSON; the parent merges them into `--out`. A part that fails is recorded with its
@@ -84,7 +88,7 @@ PEAK_BF16 = (
     ("A10G", 70e12),
     ("A10", 125e12),
 )
-PARTS = ("generation", "learner", "training", "real_model")
+PARTS = ("generation", "learner", "training", "real_model", "tensor_parallel")
 
 
 def main() -> int:
@@ -121,6 +125,7 @@ def main() -> int:
             "learner": part_learner,
             "training": part_training,
             "real_model": real_model_part,
+            "tensor_parallel": tensor_parallel_part,
         }[args.part](args)
         args.part_out.write_text(json.dumps(result, indent=2))
         return 0
@@ -276,7 +281,6 @@ def count_params(path: Path) -> int:
 def part_generation(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from saorl.config import load_config
     from saorl.engines.factory import build_engine
     from saorl.engines.protocol import GenerationRequest
     from saorl.models.loading import load_policy
@@ -284,19 +288,11 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
 
     smoke = args.cpu_smoke
     prompt_len = 32 if not smoke else 4
-    cfg = load_config(
-        None,
-        [
-            f"model.name_or_path={args.model_dir}",
-            f"model.device={'cpu' if smoke else 'cuda'}",
-            f"model.dtype={'float32' if smoke else 'bfloat16'}",
-            f"rollout.engine={'hf' if smoke else 'vllm'}",
-            f"model.max_seq_len={prompt_len + args.new_tokens}",
-            f"rollout.max_concurrent={args.prompts}",
-            "rollout.max_new_tokens=1",
-            "rollout.vllm_gpu_memory_utilization=0.3",
-            f"rollout.vllm_enforce_eager={'false' if args.compile else 'true'}",
-        ],
+    cfg = engine_config(
+        args,
+        prompt_len + args.new_tokens,
+        "rollout.max_new_tokens=1",
+        f"rollout.vllm_enforce_eager={'false' if args.compile else 'true'}",
     )
     device = torch.device(cfg.model.device)
     policy, tokenizer = load_policy(cfg.model)
@@ -304,11 +300,7 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
 
     def requests(n: int, new: int) -> list[GenerationRequest]:
-        ids = torch.randint(3, len(tokenizer), (n, prompt_len), generator=g).tolist()
-        return [
-            GenerationRequest(prompt_ids=x, max_new_tokens=new, min_new_tokens=new, request_id=i)
-            for i, x in enumerate(ids)
-        ]
+        return forced_requests(tokenizer, g, n, prompt_len, new)
 
     t0 = time.perf_counter()
     engine = build_engine(cfg, policy, tokenizer, seed=0)
@@ -321,14 +313,7 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
         sync(device)
         gen_s = time.perf_counter() - t0
         tokens = sum(len(c.token_ids) for c in done)
-        # The push: other weights, with a sharper output distribution than a random init has.
-        torch.manual_seed(7)
-        pushed, _ = load_policy(cfg.model)
-        with torch.no_grad():
-            for p in pushed.parameters():
-                p.normal_(0, 0.02)
-            pushed.get_output_embeddings().weight.mul_(5.0)
-        pushed.to(device).eval()
+        pushed = other_weights(cfg, device)
         state = pushed.state_dict()
         sync(device)
         t0 = time.perf_counter()
@@ -353,6 +338,56 @@ def part_generation(args: argparse.Namespace) -> dict[str, Any]:
         "original_vs_learner_max_abs_logprob_diff": stale,
         "push_in_use": agree < 0.1 * stale,
     }
+
+
+def engine_config(args: argparse.Namespace, max_seq_len: int, *extra: str) -> Any:
+    """The generation parts' config: the check's model, its device and dtype, the vLLM engine
+    (the HF engine in the CPU smoke), `args.prompts` sequences at once; then `extra`."""
+    from saorl.config import load_config
+
+    smoke = args.cpu_smoke
+    return load_config(
+        None,
+        [
+            f"model.name_or_path={args.model_dir}",
+            f"model.device={'cpu' if smoke else 'cuda'}",
+            f"model.dtype={'float32' if smoke else 'bfloat16'}",
+            f"rollout.engine={'hf' if smoke else 'vllm'}",
+            f"model.max_seq_len={max_seq_len}",
+            f"rollout.max_concurrent={args.prompts}",
+            "rollout.vllm_gpu_memory_utilization=0.3",
+            *extra,
+        ],
+    )
+
+
+def forced_requests(tokenizer: Any, g: Any, n: int, prompt_len: int, new: int) -> list[Any]:
+    """`n` requests of `prompt_len` random tokens, each forced to exactly `new` tokens."""
+    import torch
+
+    from saorl.engines.protocol import GenerationRequest
+
+    ids = torch.randint(3, len(tokenizer), (n, prompt_len), generator=g).tolist()
+    return [
+        GenerationRequest(prompt_ids=x, max_new_tokens=new, min_new_tokens=new, request_id=i)
+        for i, x in enumerate(ids)
+    ]
+
+
+def other_weights(cfg: Any, device: Any) -> Any:
+    """The policy a push sends: other weights, with a sharper output distribution than a
+    random init has (so that samples tell the two apart)."""
+    import torch
+
+    from saorl.models.loading import load_policy
+
+    torch.manual_seed(7)
+    pushed, _ = load_policy(cfg.model)
+    with torch.no_grad():
+        for p in pushed.parameters():
+            p.normal_(0, 0.02)
+        pushed.get_output_embeddings().weight.mul_(5.0)
+    return pushed.to(device).eval()
 
 
 def logprob_gap(model: Any, completions: list[Any], sequence_logprobs: Any, device: Any) -> float:
@@ -560,6 +595,14 @@ def real_model_part(args: argparse.Namespace) -> dict[str, Any]:
     from gpu_check_real import part_real_model
 
     return part_real_model(args, step_flops, gpu_peak)
+
+
+# -- part 5: tensor parallelism, two GPUs (scripts/gpu_check_tp.py) ------------------------------
+def tensor_parallel_part(args: argparse.Namespace) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from gpu_check_tp import part_tensor_parallel
+
+    return part_tensor_parallel(args, sys.modules[__name__])
 
 
 if __name__ == "__main__":

@@ -7,27 +7,29 @@ import torch
 
 from saorl.config import Config, load_config
 
+# The overrides of `tiny_config` (a later override of the same field wins).
+TINY_OVERRIDES = [
+    "model.hidden_size=32",
+    "model.intermediate_size=64",
+    "model.num_layers=2",
+    "model.num_heads=4",
+    "model.num_kv_heads=2",
+    "model.max_seq_len=32",
+    "learner.batch_size=8",
+    "learner.micro_batch_size=4",
+    "learner.sft_steps=0",
+    "rollout.max_concurrent=8",
+    "rollout.max_new_tokens=6",
+    "critic.warmup_steps=1",
+    "env.eval_size=16",
+    "run.progress=false",
+    "run.torch_threads=1",
+]
+
 
 def tiny_config(*overrides: str) -> Config:
     """A config small enough for a few learner steps in well under a second on 2 cores."""
-    base = [
-        "model.hidden_size=32",
-        "model.intermediate_size=64",
-        "model.num_layers=2",
-        "model.num_heads=4",
-        "model.num_kv_heads=2",
-        "model.max_seq_len=32",
-        "learner.batch_size=8",
-        "learner.micro_batch_size=4",
-        "learner.sft_steps=0",
-        "rollout.max_concurrent=8",
-        "rollout.max_new_tokens=6",
-        "critic.warmup_steps=1",
-        "env.eval_size=16",
-        "run.progress=false",
-        "run.torch_threads=1",
-    ]
-    return load_config(None, [*base, *overrides])
+    return load_config(None, [*TINY_OVERRIDES, *overrides])
 
 
 @pytest.fixture

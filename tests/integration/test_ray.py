@@ -213,6 +213,12 @@ def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
         w.start()
     dead = workers[0]
     ray.kill(dead.actor)
+    # A push or a checkpoint's pause that meets the dead actor leaves it to the collector's
+    # restart policy (below) instead of stopping the run.
+    pool.push_via_object_store()
+    with dead.paused():
+        pass
+    assert isinstance(dead.error, ActorFailure) and "rollout-0" in str(dead.error)
     collector = BatchCollector(workers, feed, out, group_size=1, sync=False)
     with pytest.raises(RuntimeError, match=r"rollout-0 failed.*the Ray actor died"):
         for _ in range(30):  # trajectories already in the queue come out first
@@ -220,11 +226,14 @@ def test_dead_actors_are_reported_by_role_and_can_be_replaced(placed):
     # The driver knows what the dead actor held: every admitted rollout not yet delivered.
     assert 0 < len(dead.in_flight()) <= feed.admitted
     # With restarts allowed the collector replaces it through `RayWorkerPool.respawn`: a fresh
-    # actor with the learner's weights takes the dead one's tasks, and a batch forms.
+    # actor with the learner's weights takes the dead one's tasks, and a batch forms. In
+    # asynchronous mode it is placed in the background (the other actors, none here, go on).
+    pool.sync = False
     collector.respawn, collector.max_restarts = pool.respawn, 1
     batch, _, _, _ = collector.collect(0, n, 1)
     assert len(batch) == n and collector.restarts == 1
-    assert workers[0] is not dead and workers[0].error is None
+    assert workers[0] is not dead and workers[0].error is None and workers[0].live
+    assert all(t.versions and set(t.versions) == {learner.version} for t in batch)
     got = ray.get(workers[0].actor.engine_state.remote())
     want = ray.get(learner.actor.policy_state.remote())
     assert all(torch.equal(v, want[k]) for k, v in got.items())
@@ -239,6 +248,13 @@ def test_missing_resources_are_a_config_error(tmp_path, local_ray):
 
     with pytest.raises(ConfigError, match=r"ray\.learner_num_gpus"):
         RayLearner(_ray_config(tmp_path, "ray.learner_num_gpus=1"))
+    # A custom resource no node has (the nodes are started with ray start --resources).
+    with pytest.raises(
+        ConfigError,
+        match=r"ray\.rollout_resources\['rollout_node'\] = 1.*"
+        r"ray start --resources",
+    ):
+        RayLearner(_ray_config(tmp_path, "ray.rollout_resources={rollout_node = 1}"))
     with pytest.raises(ConfigError, match=r"ray\.learner_ranks = 2 needs learner\.fsdp"):
         RayLearner(_ray_config(tmp_path, "ray.learner_ranks=2", "ray.learner_num_cpus=0.5"))
 

@@ -54,3 +54,43 @@ def test_a_critic_actor_goes_with_several_learner_ranks():
     over = ["ray.critic_actor=true", "ray.learner_ranks=4", "learner.fsdp=true"]
     cfg = load_config(None, over)
     assert (cfg.ray.critic_actor, cfg.ray.learner_ranks) == (True, 4)
+
+
+def test_custom_resources_pin_actors_and_are_checked():
+    cfg = load_config(None, ["ray.learner_resources={learner_node = 1}"])
+    assert (cfg.ray.learner_resources, cfg.ray.rollout_resources) == ({"learner_node": 1.0}, {})
+    with pytest.raises(ConfigError, match=r"'CPU' is not a custom resource.*num_cpus"):
+        load_config(None, ["ray.rollout_resources={CPU = 1}"])
+    with pytest.raises(ConfigError, match=r"'rollout_node': the amount must be > 0"):
+        load_config(None, ["ray.rollout_resources={rollout_node = 0}"])
+
+
+def test_a_failed_ray_run_says_to_give_the_cluster_again(monkeypatch):
+    from saorl.run import lock
+
+    monkeypatch.setattr(lock, "last_claimed", Path("runs/r"))
+    assert lock.resume_hint().endswith("saorl train --resume runs/r")
+    # The saved address is not trusted on its own (saorl.security.trust): it must be given.
+    assert "saorl train --resume runs/r --ray-address ADDRESS" in lock.resume_hint("auto")
+
+
+def test_a_rollout_actor_lost_past_its_restarts_stops_with_the_resume_command(
+    monkeypatch, capsys, tmp_path
+):
+    from saorl import api
+    from saorl.distributed.ray_learner import ActorFailure
+    from saorl.run import lock
+
+    def lost(cfg, resume=None):  # what the batch collector raises past run.max_worker_restarts
+        dead = ActorFailure("rollout-0: the Ray actor died: its node has died")
+        raise RuntimeError("rollout-0 failed (3 restarts so far, run.max_worker_restarts=3)") from (
+            dead
+        )
+
+    monkeypatch.setattr(api, "train", lost)
+    monkeypatch.setattr(lock, "last_claimed", tmp_path / "r")
+    assert main(["train", "--ray-address", "auto", f"run.output_dir={tmp_path}"]) == 1
+    err = capsys.readouterr().err
+    assert "saorl train: error: rollout-0 failed (3 restarts so far" in err
+    assert f"saorl train --resume {tmp_path / 'r'} --ray-address ADDRESS" in err
+    assert "Traceback" not in err

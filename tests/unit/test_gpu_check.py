@@ -94,6 +94,11 @@ def test_cpu_smoke_runs_every_part(tmp_path: Path):
     assert learner["mfu"] is None  # no GPU peak on CPU
     assert training["steps"] == 2 and training["policy_version"] == 1
     assert training["checkpoint_hf"]
+    # Part 5's logic on the HF engine (no tensor parallelism on CPU): a push that lands on
+    # requests in flight, every token's version exact, the pushed weights in use.
+    tp = report["parts"]["tensor_parallel"]
+    assert tp["tensor_parallel_size"] == 1 and tp["in_flight_across_push"] == 8
+    assert tp["versions_exact"] and tp["push_in_use"]
     assert report["parts"]["real_model"] == {
         "skipped": "--real-steps 0 (the CPU smoke's default)",
         "part_s": report["parts"]["real_model"]["part_s"],
@@ -117,3 +122,16 @@ def test_the_real_model_part_runs_the_real_model_config_on_the_gpu(tmp_path: Pat
         2,
     )
     assert cfg.rollout.temperature == 0.7 and cfg.env.reasoning_gym.answer_format == "last_number"
+
+
+def test_the_tensor_parallel_part_needs_two_gpus(monkeypatch):
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from gpu_check_tp import part_tensor_parallel
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = SimpleNamespace(cpu_smoke=False, new_tokens=8)
+    assert part_tensor_parallel(args, None) == {
+        "skipped": "tensor parallelism needs 2 CUDA devices, this machine has 1"
+    }

@@ -18,6 +18,7 @@ from saorl.engines.protocol import GenerationRequest
 from saorl.engines.vllm import (
     VLLMEngine,
     choose_logprobs_mode,
+    executor_args,
     finish_reason,
     request_seed,
     sampled_logprobs,
@@ -216,3 +217,57 @@ def test_missing_vllm_names_the_extra_and_the_script(tiny_policy):
     model, tok = tiny_policy
     with pytest.raises(ImportError, match=r"\[vllm\].*install_vllm_cpu\.sh"):
         build_engine(tiny_config("rollout.engine=vllm"), model, tok, seed=0)
+
+
+def test_tensor_parallel_engines_run_vllms_worker_processes(monkeypatch, tiny_policy):
+    from saorl.engines import vllm as vllm_module
+    from saorl.engines.factory import build_engine
+
+    # One device: vLLM's model in this process; several: its worker processes (`mp`), driven
+    # by the engine core here, so a step is still one call and per-token versions stay exact.
+    assert executor_args(1) == {"tensor_parallel_size": 1, "distributed_executor_backend": "uni"}
+    assert executor_args(4) == {"tensor_parallel_size": 4, "distributed_executor_backend": "mp"}
+    built, pushed = {}, []
+
+    class WorkersLLM(FakeLLM):
+        def collective_rpc(self, method: str, kwargs: dict) -> list:  # to every TP worker
+            pushed.append({k: v.device.type for k, v in kwargs["weights_iterator"]})
+            return super().collective_rpc(method, kwargs)
+
+    llm = WorkersLLM({"1": _ids("abcd")})
+
+    def fake_build_llm(model_dir, **kw):
+        built.update(kw)
+        return llm, (lambda **p: p), (lambda ids: ids)
+
+    def in_this_process(llm):
+        raise AssertionError("the model is in the workers' processes, not this one")
+
+    monkeypatch.setattr(vllm_module, "build_llm", fake_build_llm)
+    monkeypatch.setattr(vllm_module.vllm_moe, "cpu_expert_layers", in_this_process)
+    monkeypatch.setattr(VLLMEngine, "_live", 0)
+    monkeypatch.setattr(VLLMEngine, "_retired", [])
+    model, tok = tiny_policy
+    cfg = tiny_config("rollout.engine=vllm", "rollout.vllm_tensor_parallel_size=2")
+    eng = build_engine(cfg, model, tok, seed=0)
+    assert built["tensor_parallel_size"] == 2 and eng.tensor_parallel_size == 2
+    # The start-up push reached the workers through collective_rpc, from host memory.
+    assert llm.calls[0][:2] == ("rpc", "reload_weights")
+    assert set(pushed[0]) == set(model.state_dict()) and set(pushed[0].values()) == {"cpu"}
+    eng.add_request(GenerationRequest(_ids("x"), 4, request_id=1))
+    eng.step()
+    eng.update_weights(dict(model.state_dict()), 1)
+    [c] = eng.generate([])
+    assert c.versions == [0, 1, 1, 1] and ("reset_prefix_cache", True) in llm.calls
+    eng.close()
+
+
+def test_tensor_parallel_settings_that_cannot_work_are_config_errors():
+    with pytest.raises(ConfigError, match=r"vllm_tensor_parallel_size=2 needs rollout\.engine"):
+        tiny_config("rollout.vllm_tensor_parallel_size=2")
+    tp = ["rollout.engine=vllm", "rollout.vllm_tensor_parallel_size=2"]
+    with pytest.raises(ConfigError, match=r"routing_replay.*tensor_parallel_size=2"):
+        tiny_config(*tp, "algorithm.routing_replay=true")
+    with pytest.raises(ConfigError, match=r"set ray\.rollout_num_gpus=2"):
+        tiny_config(*tp, "ray.enabled=true", "ray.rollout_num_gpus=1")
+    assert tiny_config(*tp, "ray.enabled=true", "ray.rollout_num_gpus=2").ray.rollout_num_gpus == 2

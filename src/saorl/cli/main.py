@@ -148,15 +148,17 @@ def _train(args: argparse.Namespace) -> int:
         print(f"saorl train: stopped: {exc}", file=sys.stderr)
         return 3
     except SignalExit as exc:
-        print(f"{exc}\n{run_lock.resume_hint()}", file=sys.stderr)
+        print(f"{exc}\n{run_lock.resume_hint(cfg.ray.address)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         print("saorl train: interrupted", file=sys.stderr)
         return 130
     except RuntimeError as exc:  # a Ray actor died: what, and where to go on from
-        if type(exc).__name__ != "ActorFailure":
+        # (or a rollout actor died past run.max_worker_restarts: the collector's error)
+        if "ActorFailure" not in (type(exc).__name__, type(exc.__cause__).__name__):
             raise
-        print(f"saorl train: error: {exc}\n{run_lock.resume_hint()}", file=sys.stderr)
+        hint = run_lock.resume_hint(cfg.ray.address)
+        print(f"saorl train: error: {exc}\n{hint}", file=sys.stderr)
         return 1
     if exit_code(summary or {}):
         print(stopped_message(summary), file=sys.stderr)

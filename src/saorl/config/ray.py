@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from saorl.config.base import _Section
 
@@ -39,6 +39,22 @@ class RayConfig(_Section):
     rollout_num_gpus: float = Field(
         0.0, ge=0, description="GPUs reserved per rollout actor (its engine runs on them)"
     )
+    learner_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources reserved per learner actor, e.g. {learner_node = 1} "
+        "to pin the learner ranks to the nodes started with ray start --resources "
+        "'{\"learner_node\": 1}'; {} = any node with the CPUs/GPUs",
+    )
+    rollout_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources reserved per rollout actor, e.g. {rollout_node = 1}; "
+        "a rollout actor lost with its node is rebuilt (run.max_worker_restarts) on a node "
+        "that has them, waiting up to ray.start_timeout_s for one to join",
+    )
+    critic_resources: dict[str, float] = Field(
+        default_factory=dict,
+        description="custom Ray resources reserved per critic actor (ray.critic_actor)",
+    )
     critic_actor: bool = Field(
         False,
         description="run the critic in Ray actors of its own, one per learner rank: its K "
@@ -62,8 +78,23 @@ class RayConfig(_Section):
         "per push; 'broadcast' = a torch.distributed group (NCCL on GPU, gloo on CPU)",
     )
     start_timeout_s: float = Field(
-        600.0, gt=0, description="seconds an actor may take to be placed and load its model"
+        600.0,
+        gt=0,
+        description="seconds an actor may take to be placed and load its model; also how long "
+        "the replacement of a lost rollout actor waits for a node to place it on",
     )
+
+    @field_validator("learner_resources", "rollout_resources", "critic_resources")
+    @classmethod
+    def _check_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(
+                    f"{name!r} is not a custom resource: use ray.*_num_cpus / ray.*_num_gpus"
+                )
+            if not amount > 0:
+                raise ValueError(f"{name!r}: the amount must be > 0, got {amount}")
+        return value
 
     @model_validator(mode="after")
     def _check_address(self) -> RayConfig:

@@ -84,6 +84,24 @@ class RolloutConfig(_Section):
         "new weights (true, like the hf engine) or keep their old KV cache (false, cheaper)",
     )
 
+    vllm_tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="vllm engine: devices one engine spreads its model over (tensor "
+        "parallelism; > 1 runs vLLM's multiprocess executor, one worker process per device, "
+        "each loading its shard of every push); under Ray set ray.rollout_num_gpus to it. "
+        "Not run on GPUs yet (docs/scale-out.md)",
+    )
+
+    @model_validator(mode="after")
+    def _check_tensor_parallel(self) -> RolloutConfig:
+        if self.vllm_tensor_parallel_size > 1 and self.engine != "vllm":
+            raise ValueError(
+                f"rollout.vllm_tensor_parallel_size={self.vllm_tensor_parallel_size} needs "
+                f"rollout.engine='vllm' (got {self.engine!r})"
+            )
+        return self
+
     @model_validator(mode="after")
     def _check_vllm_logprobs(self) -> RolloutConfig:
         # vLLM records log-probs either before temperature or after top-p truncation

@@ -106,6 +106,23 @@ class Config(_Section):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_tensor_parallel(self) -> Config:
+        tp, rc = self.rollout.vllm_tensor_parallel_size, self.ray
+        if tp > 1 and self.algorithm.routing_replay:
+            raise ValueError(
+                f"algorithm.routing_replay with rollout.vllm_tensor_parallel_size={tp}: the "
+                "routing is captured inside the engine's process, and tensor-parallel workers "
+                "are processes of their own; set the size to 1"
+            )
+        if tp > 1 and rc.enabled and 0 < rc.rollout_num_gpus < tp:
+            raise ValueError(
+                f"rollout.vllm_tensor_parallel_size={tp} spreads each engine over {tp} GPUs, "
+                f"but ray.rollout_num_gpus={rc.rollout_num_gpus:g} reserves fewer per rollout "
+                f"actor: set ray.rollout_num_gpus={tp}"
+            )
+        return self
+
 
 def _field_default(section: str, name: str) -> Any:
     return Config.model_fields[section].annotation.model_fields[name].default  # type: ignore[union-attr]

@@ -167,6 +167,11 @@ class LearnerActor:
         base weights a LoRA policy's adapter pushes leave out (`Learner.push_state`)."""
         return {k: v.detach().cpu() for k, v in self.learner.push_state(full).items()}
 
+    def versioned_push_state(self) -> tuple[dict[str, Any], int]:
+        """A full push and the policy version it holds, read together (between two learner
+        calls): what a replacement rollout actor loads while the loop goes on."""
+        return self.push_state(True), self.learner.version
+
     def push_metas(self) -> dict[bool, Any]:
         """The weight meta of a full push (True) and of the others (False)."""
         from saorl.distributed.weight_sync import weight_meta
@@ -381,6 +386,12 @@ class RolloutActor:
 
     def update_weights(self, state: dict[str, Any], version: int) -> None:
         self.engine.update_weights(state, version)
+
+    def update_weights_versioned(self, pushed: tuple[dict[str, Any], int]) -> int:
+        """Load `LearnerActor.versioned_push_state`'s answer; the version loaded."""
+        state, version = pushed
+        self.engine.update_weights(state, version)
+        return version
 
     def join_group(
         self, host: str, port: int, rank: int, world: int, backend: str, meta: Any, timeout: float

@@ -54,7 +54,8 @@ def ray_module() -> Any:
 
 
 def get(refs: Any, role: str, timeout: float | None = None) -> Any:
-    """`ray.get`, with a dead or silent actor reported as an `ActorFailure` naming `role`.
+    """`ray.get`, with a dead or silent actor, or an object lost with the node that held it,
+    reported as an `ActorFailure` naming `role`.
 
     Exceptions raised inside an actor method come back as themselves (Ray's task errors are
     instances of the original class), so a `ConfigError` in the learner is still one here.
@@ -64,6 +65,8 @@ def get(refs: Any, role: str, timeout: float | None = None) -> Any:
         return ray.get(refs, timeout=timeout)
     except ray.exceptions.RayActorError as e:
         raise ActorFailure(f"{role}: the Ray actor died: {e}") from e
+    except ray.exceptions.ObjectLostError as e:  # (also inside a task error: an argument's)
+        raise ActorFailure(f"{role}: an object it needed was lost with its node: {e}") from e
     except ray.exceptions.GetTimeoutError as e:
         raise ActorFailure(
             f"{role}: no answer within {timeout:g} s (placed? the cluster may lack the CPUs/GPUs "
@@ -89,26 +92,38 @@ def _check_resources(rc: RayConfig, n: int) -> None:
     `rollout.num_workers`) fits the cluster."""
     ranks = rc.learner_ranks
     have = ray_module().cluster_resources()
-    for kind, learner, rollout, critic in (
-        ("CPU", rc.learner_num_cpus, rc.rollout_num_cpus, rc.critic_num_cpus),
-        ("GPU", rc.learner_num_gpus, rc.rollout_num_gpus, rc.critic_num_gpus),
-    ):
+    wanted = [
+        ("CPU", "ray.{}_num_cpus", rc.learner_num_cpus, rc.rollout_num_cpus, rc.critic_num_cpus),
+        ("GPU", "ray.{}_num_gpus", rc.learner_num_gpus, rc.rollout_num_gpus, rc.critic_num_gpus),
+    ]
+    for name in sorted({*rc.learner_resources, *rc.rollout_resources, *rc.critic_resources}):
+        amounts = (rc.learner_resources, rc.rollout_resources, rc.critic_resources)
+        wanted.append((name, f"ray.{{}}_resources[{name!r}]", *(a.get(name, 0.0) for a in amounts)))
+    for kind, field, learner, rollout, critic in wanted:
         critic = critic if rc.critic_actor else 0.0
         need = ranks * (learner + critic) + n * rollout
         if need > have.get(kind, 0.0) + 1e-9:
-            key = kind.lower()
             raise ConfigError(
-                f"ray: the actors need {need:g} {kind}s (ray.learner_ranks = {ranks} x "
-                f"(ray.learner_num_{key}s = {learner:g} + ray.critic_num_{key}s = {critic:g} "
-                f"with ray.critic_actor) + rollout.num_workers = {n} x "
-                f"ray.rollout_num_{key}s = {rollout:g}) but the Ray cluster has "
+                f"ray: the actors need {need:g} {kind} (ray.learner_ranks = {ranks} x "
+                f"({field.format('learner')} = {learner:g} + {field.format('critic')} = "
+                f"{critic:g} with ray.critic_actor) + rollout.num_workers = {n} x "
+                f"{field.format('rollout')} = {rollout:g}) but the Ray cluster has "
                 f"{have.get(kind, 0.0):g}; lower those fields or add nodes"
+                + (
+                    ""
+                    if kind in ("CPU", "GPU")
+                    else f" started with ray start --resources '{{\"{kind}\": N}}'"
+                )
             )
 
 
-def _bundle(cpus: float, gpus: float, actors: int) -> dict[str, float]:
-    """A placement-group bundle that holds `actors` actors of `cpus` CPUs and `gpus` GPUs."""
-    return {k: v * actors for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
+def _bundle(
+    cpus: float, gpus: float, actors: int, custom: dict[str, float] | None = None
+) -> dict[str, float]:
+    """A placement-group bundle that holds `actors` actors of `cpus` CPUs, `gpus` GPUs and
+    `custom` resources each."""
+    amounts = {"CPU": cpus, "GPU": gpus, **(custom or {})}
+    return {k: v * actors for k, v in amounts.items() if v > 0}
 
 
 class RayLearner:
@@ -150,6 +165,7 @@ class RayLearner:
                 .options(
                     num_cpus=rc.learner_num_cpus,
                     num_gpus=rc.learner_num_gpus,
+                    resources=rc.learner_resources or None,
                     **(self._learner_placement(r) if learner_at is None else learner_at),
                 )
                 .remote(cfg, os.getcwd(), self.critic_actors)
@@ -177,7 +193,12 @@ class RayLearner:
         learner_at, critic_at = self._critic_placement()
         self.critic_actors = [
             ray.remote(CriticActor)
-            .options(num_cpus=rc.critic_num_cpus, num_gpus=rc.critic_num_gpus, **critic_at)
+            .options(
+                num_cpus=rc.critic_num_cpus,
+                num_gpus=rc.critic_num_gpus,
+                resources=rc.critic_resources or None,
+                **critic_at,
+            )
             .remote(self.cfg, os.getcwd())
             for _ in range(n)
         ]
@@ -200,7 +221,7 @@ class RayLearner:
         """Several learner ranks go on one node (a STRICT_PACK placement group): FSDP2's
         collectives run every micro-batch, over NVLink rather than between nodes."""
         rc = self.cfg.ray
-        bundle = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, 1)
+        bundle = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, 1, rc.learner_resources)
         if rc.learner_ranks == 1 or not bundle:
             return {}
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -220,8 +241,8 @@ class RayLearner:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         rc, n = self.cfg.ray, self.cfg.ray.learner_ranks
-        learner = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, n)
-        critic = _bundle(rc.critic_num_cpus, rc.critic_num_gpus, n)
+        learner = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, n, rc.learner_resources)
+        critic = _bundle(rc.critic_num_cpus, rc.critic_num_gpus, n, rc.critic_resources)
         if rc.critic_placement == "any":
             if n == 1 or not critic:
                 return None, {}

@@ -29,8 +29,12 @@ flight: an actor runs calls on several threads, and an older push landing after 
 would roll its weights back.
 
 A dead rollout actor is replaced (`respawn`) by a new one with the learner's current weights and
-the dead one's unfinished tasks, which the driver knows without asking the dead process; a
-broadcast group cannot swap a rank, so with `"broadcast"` a dead rollout actor stops the run.
+the dead one's unfinished tasks, which the driver knows without asking the dead process, whether
+it died between pushes, during one or during a checkpoint's pause (a node lost, say); the new
+actor goes wherever `ray.rollout_resources` fit, and waits up to `ray.start_timeout_s` for a node
+to place it on. In asynchronous mode it is placed in the background (`_Replacement`) and the run
+goes on with the other actors. A broadcast group cannot swap a rank, so with `"broadcast"` a dead
+rollout actor stops the run.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import contextlib
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -72,6 +77,8 @@ class _EngineStats:
 
 class RayRolloutWorker:
     """Driver-side proxy of a `RolloutActor` with the `RolloutWorker` interface the pool uses."""
+
+    live = True  # placed, with the learner's weights: takes tasks and every push
 
     def __init__(
         self, actor: Any, name: str, feed: PromptFeed, out: queue.Queue[Trajectory], room: int
@@ -146,9 +153,17 @@ class RayRolloutWorker:
     # -- checkpoints (saorl.rollout.resume) ------------------------------------------------
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
-        """No exchange in flight and the actor's worker held; its finished work is in `out`."""
+        """No exchange in flight and the actor's worker held; its finished work is in `out`.
+
+        A dead actor holds nothing to pause: its unfinished tasks are `in_flight` (known here)
+        and the collector replaces it after the checkpoint (`run.max_worker_restarts`)."""
         with self._lock:
-            self._deliver(self._call("pause"))
+            try:
+                self._deliver(self._call("pause"))
+            except ActorFailure as e:
+                self.error = self.error or e
+                yield
+                return
             try:
                 yield
             finally:
@@ -168,6 +183,54 @@ class RayRolloutWorker:
         self.actor.stop.remote()  # not awaited: the actor may be the thing that failed
 
 
+class _Replacement(RayRolloutWorker):
+    """A dead rollout actor's replacement in asynchronous mode, placed in the background.
+
+    Until Ray places it (on a node with room, or one that joins within `ray.start_timeout_s`)
+    and it has the learner's weights, it takes no tasks and no pushes: the run goes on with the
+    other actors. It loads a full push and its version read together (`versioned_push_state`)
+    under the pool's push lock, so that it then gets every later push and none older; then it
+    runs as any rollout actor."""
+
+    live = False
+
+    def __init__(self, pool: RayWorkerPool, name: str, seed: int) -> None:
+        super().__init__(None, name, pool.feed, pool.out, room=0)
+        self.pool, self.seed = pool, seed
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._join, name=f"{self.name}-join", daemon=True)
+        self._thread.start()
+
+    def _join(self) -> None:
+        try:
+            self.actor, room = self.pool._placed_anew(self.name, self.seed, self._stop)
+            if self.actor is None:  # stopped meanwhile
+                return
+            with self.pool._push_lock:
+                pushed = self.pool.learner.actor.versioned_push_state.remote()
+                get(self.actor.update_weights_versioned.remote(pushed), self.name)
+                self.live = True
+            self._room = room
+            self._call("start")
+        except BaseException as e:  # surfaced by the collector, as a pump's error
+            self.error = e
+            return
+        self._pump()
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        if not self.live:  # nothing handed to it yet: nothing to hold
+            yield
+            return
+        with super().paused():
+            yield
+
+    def _stop_actor(self) -> None:
+        if self.actor is not None:
+            super()._stop_actor()
+
+
 class RayWorkerPool(WorkerPool):
     """`WorkerPool` whose workers are Ray actors, fed and drained by the driver."""
 
@@ -177,13 +240,19 @@ class RayWorkerPool(WorkerPool):
         self._actors: list[Any] = []  # every actor spawned and not yet killed
         self._pushing: list[tuple[Any, Any]] = []  # (actor, its update_weights call) in flight
         self._metas: dict[bool, Any] | None = None  # weight metas of full and other pushes
+        self._push_lock = threading.Lock()  # a push's targets vs a replacement going live
 
     def _spawn_actor(self, name: str, seed: int) -> Any:
         rc = self.cfg.ray
         remote = (
             ray_module()
             .remote(RolloutActor)
-            .options(num_cpus=rc.rollout_num_cpus, num_gpus=rc.rollout_num_gpus, max_concurrency=4)
+            .options(
+                num_cpus=rc.rollout_num_cpus,
+                num_gpus=rc.rollout_num_gpus,
+                resources=rc.rollout_resources or None,
+                max_concurrency=4,
+            )
         )
         args = (self.cfg, os.getcwd(), name, seed, self.tokenizer, self.limits, self.run_dir)
         actor = remote.remote(*args)
@@ -232,14 +301,51 @@ class RayWorkerPool(WorkerPool):
                 f"{name}: restarting a rollout actor needs ray.weight_sync = 'object_store' "
                 "(a broadcast group cannot replace one of its ranks)"
             )
-        actor = self._spawn_actor(name, self._restart_seed(i))
-        room = get(actor.ready.remote(), name, timeout=self.cfg.ray.start_timeout_s)
         dead = self.workers[i].actor
-        ray_module().kill(dead)
-        self._actors.remove(dead)
-        self._pushing = [(a, ref) for a, ref in self._pushing if a is not dead]
+        if dead is not None:  # (None: a replacement that was never placed)
+            ray_module().kill(dead)
+            self._actors.remove(dead)
+            self._pushing = [(a, ref) for a, ref in self._pushing if a is not dead]
+        if not self.sync:  # the run goes on with the other actors meanwhile
+            return _Replacement(self, name, self._restart_seed(i))
+        actor, room = self._placed_anew(name, self._restart_seed(i))
         get(actor.update_weights.remote(self._weights_ref(True), self.learner.version), name)
         return RayRolloutWorker(actor, name, self.feed, self.out, room)
+
+    def _placed_anew(
+        self, name: str, seed: int, stop: threading.Event | None = None
+    ) -> tuple[Any, int]:
+        """A new rollout actor `name`, ready, and its room; placed within `ray.start_timeout_s`
+        (`(None, 0)` if `stop` is set first).
+
+        One that dies before it is ready without an error of its own (a node lost: Ray may
+        place it on a node that is failing and not yet known dead) is started again, on the
+        nodes left or on one that joins meanwhile; an error of its constructor stops the run."""
+        ray = ray_module()
+        deadline = time.monotonic() + self.cfg.ray.start_timeout_s
+        while True:
+            actor = self._spawn_actor(name, seed)
+            try:
+                ready = actor.ready.remote()
+                while not ray.wait([ready], timeout=1.0)[0]:
+                    if stop is not None and stop.is_set():
+                        self._actors.remove(actor)
+                        ray.kill(actor)
+                        return None, 0
+                    if time.monotonic() > deadline:
+                        break
+                return actor, get(ready, name, timeout=max(deadline - time.monotonic(), 1.0))
+            except ActorFailure as e:
+                self._actors.remove(actor)
+                ray.kill(actor)
+                lost = isinstance(e.__cause__, ray.exceptions.RayActorError)
+                if not lost or e.__cause__.actor_init_failed or time.monotonic() > deadline:
+                    raise
+                print(
+                    f"saorl: {name}'s replacement died before it started ({e}); starting it again",
+                    file=sys.stderr,
+                )
+                time.sleep(1.0)  # the scheduler learns of the lost node meanwhile
 
     def update_weights(self, full: bool = False) -> int:
         """Push to every actor; the bytes one receives. `full`: with a LoRA policy's base
@@ -268,16 +374,33 @@ class RayWorkerPool(WorkerPool):
         is sampled by them), otherwise before the next push (see the module's docstring)."""
         self._finish_push()
         state, version = self._weights_ref(full), self.learner.version
-        self._pushing = [
-            (w.actor, w.actor.update_weights.remote(state, version)) for w in self.workers
-        ]
+        with self._push_lock:  # a replacement going live gets this push or a later state
+            self._pushing = [
+                (w.actor, w.actor.update_weights.remote(state, version))
+                for w in self.workers
+                if w.live
+            ]
         if self.sync:
             self._finish_push()
 
     def _finish_push(self) -> None:
+        """Await the push in flight. An actor that died meanwhile (with its node, say) is left
+        to the collector, which replaces it with one that gets the current weights
+        (`respawn`), as when it dies between pushes; any other error stops the run (the
+        pushed state lost: the learner's node died)."""
         pushing, self._pushing = self._pushing, []
-        if pushing:
-            get([ref for _, ref in pushing], "weight push")
+        workers = {id(w.actor): w for w in self.workers if w.actor is not None}
+        for actor, ref in pushing:
+            worker = workers.get(id(actor))
+            try:
+                get(ref, worker.name if worker else "weight push")
+            except ActorFailure as e:
+                if not isinstance(e.__cause__, ray_module().exceptions.RayActorError):
+                    # The pushed state lived in the learner's node, which is gone.
+                    raise ActorFailure(f"learner: the weights it pushed were lost: {e}") from e
+                if worker is None:
+                    raise
+                worker.error = worker.error or e
 
     def push_via_broadcast(self, full: bool = False) -> None:
         """Needs the group that `start` forms when `ray.weight_sync = "broadcast"`."""

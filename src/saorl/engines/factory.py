@@ -57,6 +57,7 @@ def build_engine(
             kv_cache_gib=rc.vllm_kv_cache_gib,
             enforce_eager=rc.vllm_enforce_eager,
             recompute_kv=rc.vllm_recompute_kv_on_update,
+            tensor_parallel_size=rc.vllm_tensor_parallel_size,
             trust_remote_code=cfg.model.trust_remote_code,
             **common,
         )

@@ -12,7 +12,10 @@ How it is wired, and why:
   takes the same lock, so it lands between two steps and every token of a step's delta output was
   sampled under `self.version`: per-token versions are exact. With vLLM's multiprocess core the
   core keeps stepping on its own and outputs arrive late, so a token's version would be a guess.
-  The price: tensor parallelism (more than one GPU per engine) is not available here.
+  Tensor parallelism (`tensor_parallel_size` > 1, `executor_args`) keeps this: the engine
+  core stays here and only the model's forward runs in vLLM's worker processes (the `mp`
+  executor), which the core's step waits for; every push reaches each worker through
+  `collective_rpc`, which loads its shard of the whole state. Not run on GPUs yet.
 - **Weights.** The model is built with `load_format="dummy"` from a directory holding only
   `config.json`; its real weights arrive through `update_weights`, at start-up too, so the
   path every learner push takes is the one the first batch was sampled with. `update_weights`
@@ -109,8 +112,10 @@ class VLLMEngine:
         workdir: Path | None = None,
         routing: vllm_moe.VLLMRoutingRecorder | None = None,
         adapter: VLLMAdapter | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self._llm = llm
+        self.tensor_parallel_size = tensor_parallel_size
         self._adapter = adapter  # a LoRA policy's adapter, served by vLLM (vllm_lora)
         self._routing = routing
         self._moe_layers: list = []  # CPU expert layers to repack after a push
@@ -154,11 +159,14 @@ class VLLMEngine:
         record_routing: bool = False,
         trust_remote_code: bool = False,
         lora_adapter: bool = True,
+        tensor_parallel_size: int = 1,
     ) -> VLLMEngine:
         """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
         `record_routing`: completions carry the MoE routing (`saorl.engines.vllm_moe`);
         `lora_adapter`: a LoRA policy's adapter served by vLLM's LoRA support, else merged."""
         mode = choose_logprobs_mode(temperature, top_p)
+        if tensor_parallel_size > 1 and record_routing:  # (the config refuses it first)
+            raise ValueError("routing replay needs the model in this process: no TP > 1")
         if record_routing:
             moe_layers = len(routers_or_error(policy, "algorithm.routing_replay"))
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the runner it reads
@@ -188,6 +196,7 @@ class VLLMEngine:
                 read_prefix_cache=not record_routing,
                 trust_remote_code=trust_remote_code,
                 lora_args=adapter.engine_args() if adapter else None,
+                tensor_parallel_size=tensor_parallel_size,
             )
             recorder = None
             if record_routing:
@@ -208,8 +217,17 @@ class VLLMEngine:
             workdir=workdir,
             routing=recorder,
             adapter=adapter,
+            tensor_parallel_size=tensor_parallel_size,
         )
-        engine._moe_layers = vllm_moe.cpu_expert_layers(llm)
+        if tensor_parallel_size == 1:  # the model is in this process (else in the workers')
+            engine._moe_layers = vllm_moe.cpu_expert_layers(llm)
+        elif getattr(policy.config, "num_experts", 0) and _on_cpu():
+            engine.close()
+            raise ValueError(
+                "rollout.vllm_tensor_parallel_size > 1 with an MoE model on vLLM's CPU build: "
+                "its expert weights need repacking after each push in the engine's process "
+                "(saorl.engines.vllm_moe); use tensor_parallel_size 1"
+            )
         state = policy.state_dict()  # with an adapter: base and adapter, unmerged
         engine.update_weights(state if adapter else merged_state(state, policy), version)
         return engine
@@ -309,7 +327,9 @@ class VLLMEngine:
         with self._lock:
             self._same_threads_here()
             if state:
-                items = [(k, v.detach()) for k, v in state.items()]
+                # Several TP workers: the state is pickled to each worker process (host memory).
+                on_host = self.tensor_parallel_size > 1
+                items = [(k, v.detach().cpu() if on_host else v.detach()) for k, v in state.items()]
                 kwargs = {"weights_iterator": items, "is_checkpoint_format": True}
                 self._llm.collective_rpc("reload_weights", kwargs=kwargs)
                 vllm_moe.repack_cpu_experts(self._moe_layers, state)
@@ -361,6 +381,20 @@ class VLLMEngine:
             return finished
 
 
+def executor_args(tensor_parallel_size: int) -> dict[str, Any]:
+    """vLLM's executor for an engine over `tensor_parallel_size` devices: in this process
+    (`uni`) for one; for several, vLLM's worker processes (`mp`), one per device, driven by
+    the engine core in this process (so a step is still one call that waits for them)."""
+    backend = "uni" if tensor_parallel_size == 1 else "mp"
+    return {"tensor_parallel_size": tensor_parallel_size, "distributed_executor_backend": backend}
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 def build_llm(
     model_dir: Path,
     *,
@@ -379,6 +413,7 @@ def build_llm(
     read_prefix_cache: bool = True,
     trust_remote_code: bool = False,
     lora_args: dict[str, Any] | None = None,
+    tensor_parallel_size: int = 1,
 ) -> tuple[Any, Any, Any]:
     """An in-process vLLM `LLMEngine` on `model_dir`, and its request builders; `lora_args`:
     the `EngineArgs` fields that enable LoRA (`VLLMAdapter.engine_args`)."""
@@ -409,7 +444,7 @@ def build_llm(
         enforce_eager=enforce_eager,
         enable_prefix_caching=prefix_caching,
         async_scheduling=False,  # a scheduled-ahead step would sample under the old weights
-        distributed_executor_backend="uni",
+        **executor_args(tensor_parallel_size),
         disable_log_stats=True,
         **(lora_args or {}),
     )

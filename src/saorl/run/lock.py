@@ -168,10 +168,13 @@ def claim_fresh(output_dir: Path, name: str) -> RunLock:
     return lock
 
 
-def resume_hint() -> str:
-    """Where a run that failed goes on from (after a dead Ray actor, say)."""
+def resume_hint(ray_address: str = "") -> str:
+    """Where a run that failed goes on from (after a dead Ray actor, say). A run that joined
+    the Ray cluster `ray_address` resumes on a cluster given again (it may be a new one: the
+    saved address is not trusted on its own, `saorl.security.trust`)."""
     run = last_claimed
-    go_on = f"resume with: saorl train --resume {run}" if run else "start the run again"
+    again = " --ray-address ADDRESS (a running cluster's, e.g. auto)" if ray_address else ""
+    go_on = f"resume with: saorl train --resume {run}{again}" if run else "start the run again"
     return f"the checkpoints written so far are intact; {go_on}"
 
 

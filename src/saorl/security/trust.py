@@ -44,7 +44,7 @@ _ALLOWED_BY_SECTION = {
     "rollout": "engine temperature top_p max_new_tokens score_truncated stop max_concurrent "
     "num_workers kv_cache forced_length forced_length_median forced_length_sigma "
     "vllm_gpu_memory_utilization vllm_kv_cache_gib vllm_enforce_eager "
-    "vllm_recompute_kv_on_update max_agent_processes",
+    "vllm_recompute_kv_on_update vllm_tensor_parallel_size max_agent_processes",
     "algorithm": "name advantage policy_loss group_size group_sampling clip_eps_low clip_eps_high "
     "minibatches lm_loss_coef lm_loss_min_reward baseline_window baseline_scope "
     "baseline_global_window eps_low eps_high loss_agg gamma lambda_mode lambda_policy "
@@ -70,7 +70,7 @@ _ALLOWED_BY_SECTION = {
     "critic_clip_x critic_ev_steps",
     "ray": "enabled num_cpus learner_ranks learner_num_cpus learner_num_gpus rollout_num_cpus "
     "rollout_num_gpus critic_actor critic_num_cpus critic_num_gpus critic_placement "
-    "weight_sync start_timeout_s",
+    "weight_sync start_timeout_s learner_resources rollout_resources critic_resources",
 }
 ALLOWED = frozenset(f"{s}.{n}" for s, names in _ALLOWED_BY_SECTION.items() for n in names.split())
 
