@@ -32,14 +32,13 @@ EXTRA_OF: dict[str, str] = {
     "saorl.monitoring.tracking": "tracking",  # W&B, MLflow (TensorBoard files are base)
     "saorl.distributed.ray_": "ray",
     "saorl.distributed.weight_sync": "ray",
-    "saorl.rollout.vllm_": "vllm",
+    "saorl.engines.vllm": "vllm",  # vllm.py, vllm_lora.py, vllm_moe.py
 }
 # Distributions of the extras that run in venvs of their own (not installed here), or that
 # `dev` has only through other packages: import name -> distribution.
 NOT_INSTALLED: dict[str, str] = {
     "vllm": "vllm",
     "verifiers": "verifiers",
-    "uvicorn": "uvicorn",  # openenv's; here through mcp and mlflow-skinny
     "websockets": "websockets",  # openenv's; here through openai-agents
 }
 # (module, import) -> why it need not be declared: optional imports behind
