@@ -2,7 +2,7 @@
 sockets: keep-alive across plain, streamed and refused requests; a chunked body over the size
 limit refused as a declared one is; many connections waiting on the engine served by one thread,
 not one each; calls still waiting when the endpoint stops answered 503; the process's signal
-handlers left alone."""
+handlers left alone; replies not held back by Nagle's algorithm."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import concurrent.futures
 import http.client
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -87,6 +88,10 @@ def test_one_connection_carries_many_requests():
                 assert text == "42"
             elif method == "POST":
                 assert json.loads(data)["choices"][0]["message"]["content"] == "42"
+        # Without TCP_NODELAY a reply's body would wait for the client's delayed ACK (~40 ms).
+        (server_side,) = endpoint.http.server.server_state.connections
+        sock = server_side.transport.get_extra_info("socket")
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
         conn.close()
     finally:
         endpoint.shutdown()
