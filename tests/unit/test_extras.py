@@ -32,7 +32,7 @@ EXTRA_OF: dict[str, str] = {
     "saorl.monitoring.tracking": "tracking",  # W&B, MLflow (TensorBoard files are base)
     "saorl.distributed.ray_": "ray",
     "saorl.distributed.weight_sync": "ray",
-    "saorl.engines.vllm": "vllm",  # vllm.py, vllm_lora.py, vllm_moe.py
+    "saorl.engines.vllm": "vllm",  # and its lora, moe and outputs helpers
 }
 # Distributions of the extras that run in venvs of their own (not installed here), or that
 # `dev` has only through other packages: import name -> distribution.
