@@ -52,6 +52,12 @@ THREADED_SERVER = "cad439f83a392ce6efb0aa41aebbc33bbd68121c"
 LOAD_SERVERS = ("threaded", "asgi")
 
 
+def threaded_available() -> bool:
+    """Whether this checkout has `THREADED_SERVER` (a shallow clone may not)."""
+    probe = ["git", "-C", str(ROOT), "cat-file", "-e", f"{THREADED_SERVER}^{{commit}}"]
+    return subprocess.run(probe, capture_output=True).returncode == 0
+
+
 @functools.cache
 def threaded_endpoint() -> type:
     """The `TrainingEndpoint` of `THREADED_SERVER`, loaded from git into this process."""
