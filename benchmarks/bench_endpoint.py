@@ -19,6 +19,8 @@ the engine's work dominates, as with any real model on CPU). One rollout worker,
               handover, token recording)
     http      the same program with an `openai` client of its own built from the episode's
               base URL and key (HTTP on loopback, as other SDKs and command agents call)
+    http_threaded  (not run by default) `http` against the standard library's threaded server
+              the endpoint had before uvicorn (`_endpoint_load.THREADED_SERVER`, from git)
 
 Throughput: trajectories/s over `--episodes` episodes with `--concurrent` sequences decoded
 together (the engine full), the median of `--repeats`; the ratio to inproc is taken within each
@@ -32,11 +34,26 @@ takes out how fast the engine happened to decode in that run (the larger noise o
 machine) and leaves what an episode costs around its turn. Medians and ranges over the
 repeats are reported. The arms take turns in each repeat, in
 this process on the same machine; the load average before and after is recorded.
+
+    python benchmarks/bench_endpoint.py --load 1000 [--load-calls 2] [--length 16] [--repeats 2]
+                                        [--out benchmarks/results/endpoint_load.json]
+
+The load case: `--load` agent episodes at once (the engine holds them all), each a program
+making `--load-calls` calls over HTTP with an `openai` client of its own (one connection pool
+as large as the load, so every call in flight has its connection, as a thousand command agents
+would), served by the endpoint's uvicorn server (`asgi`) and by the standard library's threaded
+server it replaced (`threaded`: `saorl/rollout/agents/server.py` as of `THREADED_SERVER`, read
+from git when the benchmark runs). Each server runs in a process of its own (`--repeats` times,
+the order alternating), which reports its peak thread count (sampled at every engine step),
+peak RSS (and RSS before the load), failed calls, and each call's added latency: the time the
+agent waited for its reply less the time its request spent in the engine (queued, prefilled,
+decoded), p50 and p99, i.e. what HTTP, the server and the handover to the worker cost.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import random
@@ -49,11 +66,20 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks._common import machine, write_report  # noqa: E402
+from benchmarks._endpoint_load import (  # noqa: E402
+    LOAD_SERVERS,
+    client_main,
+    load_case,
+    load_child,
+    threaded_endpoint,
+)
 from saorl.config import EnvConfig, load_config  # noqa: E402
 from saorl.engines.hf import HFEngine  # noqa: E402
 from saorl.envs.agent import AgentProgram  # noqa: E402
 from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask  # noqa: E402
 from saorl.models.loading import load_policy  # noqa: E402
+from saorl.rollout.agents import runs  # noqa: E402
+from saorl.rollout.agents.server import TrainingEndpoint  # noqa: E402
 from saorl.rollout.worker import AgentLimits, FixedFeed, RolloutWorker  # noqa: E402
 
 
@@ -120,6 +146,7 @@ def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int):
     out, in order, and each turn's time in the engine (queued, prefilled, decoded)."""
     engine = TimedEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
     limits = AgentLimits(max_seq_len=64, max_new_tokens=length, forced_length=lambda: length)
+    runs.TrainingEndpoint = threaded_endpoint() if arm == "http_threaded" else TrainingEndpoint
     if arm == "inproc":
         make_env = ArithmeticEnv
     else:
@@ -165,8 +192,30 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/endpoint.json")
     ap.add_argument("--arms", default="inproc,endpoint,http", help="inproc first")
+    ap.add_argument("--load", type=int, default=0, help="the load case: episodes at once")
+    ap.add_argument("--load-calls", type=int, default=2, help="calls per load episode")
+    ap.add_argument(
+        "--load-clients",
+        choices=("process", "inproc"),
+        default="process",
+        help="the load's HTTP clients: in a process of their own, or the agents' own loop",
+    )
+    ap.add_argument("--load-child", choices=LOAD_SERVERS, help=argparse.SUPPRESS)
+    ap.add_argument("--load-client", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    args.bench = Path(__file__).resolve()  # the load case runs it in processes of their own
     load = os.getloadavg()[0]
+    if args.load_client:
+        return client_main(args)
+    if args.load_child:
+        result = load_child(args.load_child, args, MODELS[args.model])
+        args.out.write_text(json.dumps(result))
+        return result
+    if args.load:
+        if args.out == ap.get_default("out"):
+            args.out = ROOT / "benchmarks/results/endpoint_load.json"
+        return load_case(args, load)
     import torch
 
     torch.set_num_threads(1)
@@ -223,7 +272,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{o['max']:.2f})"
         )
     report = {
-        "workload": vars(args) | {"out": str(args.out)},
+        "workload": {k: v for k, v in vars(args).items() if k not in ("argv", "bench")}
+        | {"out": str(args.out)},
         "model_parameters": sum(p.numel() for p in model.parameters()),
         "arms": result,
         "throughput_ratio_over_inproc": ratios,

@@ -55,3 +55,27 @@ def test_the_small_model_is_the_built_in_architecture_larger():
     assert type(small) is type(tiny)
     n = sum(p.numel() for p in small.parameters())
     assert n > 40 * sum(p.numel() for p in tiny.parameters()) and n > 20_000_000
+
+
+def test_the_load_case_runs_both_servers_side_by_side(tmp_path):
+    """`--load`: the threaded server (read from git) and the uvicorn one, each in a process of
+    its own with the clients in another; the report's structure and what must hold whatever the
+    timings: every call answered, and the uvicorn server's threads do not grow with the load."""
+    from benchmarks._endpoint_load import threaded_available
+
+    if not threaded_available():
+        pytest.skip("the threaded server's commit is not in this checkout (a shallow clone)")
+    out = tmp_path / "load.json"
+    argv = ["--load", "12", "--load-calls", "2", "--length", "2", "--repeats", "1"]
+    report = bench_endpoint.main([*argv, "--out", str(out)])
+    assert json.loads(out.read_text()) == report
+    assert set(report["runs"]) == {"threaded", "asgi"}
+    for runs in report["runs"].values():
+        (run,) = runs
+        assert run["calls_answered"] == 24 and run["failed_calls"] == 0
+        assert run["added_latency_ms"]["p50"] <= run["added_latency_ms"]["p99"]
+        assert run["peak_rss_mb"] >= run["rss_before_mb"] > 0
+    threaded, asgi = report["runs"]["threaded"][0], report["runs"]["asgi"][0]
+    assert threaded["peak_threads"] >= threaded["threads_before"] + 12  # one per connection
+    assert asgi["peak_threads"] < asgi["threads_before"] + 12
+    assert set(report["median_over_repeats"]["asgi"]) >= {"added_latency_ms_p99", "peak_threads"}

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from saorl.rollout.agents.server import TrainingEndpoint
+from saorl.rollout.agents.asgi import EndpointApp
 from tests.integration._endpoint_harness import run_agents
 from tests.integration.test_agent_loop import ScriptedEngine
 from tests.integration.test_endpoint import TASK, _tok
@@ -33,13 +33,13 @@ class StepSizes:
 
 def test_python_agents_are_served_in_process_with_the_record_of_http(monkeypatch):
     served_over_http = []
-    serve = TrainingEndpoint.serve
+    serve = EndpointApp.__call__
 
-    def counting(self, *args):
-        served_over_http.append(args[1])
-        return serve(self, *args)
+    async def counting(self, scope, receive, send):
+        served_over_http.append(scope["path"])
+        return await serve(self, scope, receive, send)
 
-    monkeypatch.setattr(TrainingEndpoint, "serve", counting)
+    monkeypatch.setattr(EndpointApp, "__call__", counting)
 
     def agent(over_http: bool):
         async def run(task, client):

@@ -39,7 +39,6 @@ EXTRA_OF: dict[str, str] = {
 NOT_INSTALLED: dict[str, str] = {
     "vllm": "vllm",
     "verifiers": "verifiers",
-    "uvicorn": "uvicorn",  # openenv's; here through mcp and mlflow-skinny
     "websockets": "websockets",  # openenv's; here through openai-agents
 }
 # (module, import) -> why it need not be declared: optional imports behind

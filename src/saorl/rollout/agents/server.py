@@ -12,17 +12,18 @@ Every route also lives under `/episodes/<key>/...`. A call names its episode by 
 prefix, an `X-Episode-Id` or `X-Session-ID` header, or its API key (`Authorization: Bearer
 <key>`), in that order; an unknown one is answered 404 (path, header) or 401 (key).
 
-The server is the standard library's threaded HTTP server (one thread per connection, HTTP/1.1
-keep-alive, streamed replies in chunked transfer encoding). A handler thread turns the messages
-into prompt ids (`AgentSession.prompt_ids`), hands the request to the worker thread
-(`submit`, thread-safe) and blocks on the future the worker resolves when the engine finishes the
-turn; it records the turn (`AgentSession.record`) before replying, so an agent that has its
-answer has it recorded. A token call is recorded as it came: its prompt ids as sent (extending
-the episode's trajectory when they start with its tokens), the sampled ids as sampled.
+HTTP is served by uvicorn (`saorl.rollout.agents.asgi`: an ASGI app on an event loop in a
+thread of its own; keep-alive, chunked streamed replies, flow control). A request is a coroutine
+on that loop: it turns the messages into prompt ids (`AgentSession.prompt_ids`), hands the
+request to the worker thread (`submit`, thread-safe) and awaits the future the worker resolves
+when the engine finishes the turn, holding no thread meanwhile; it records the turn
+(`AgentSession.record`) before replying, so an agent that has its answer has it recorded. A
+token call is recorded as it came: its prompt ids as sent (extending the episode's trajectory
+when they start with its tokens), the sampled ids as sampled.
 
 In-process clients (the `openai.AsyncOpenAI` a Python agent gets) skip the socket:
 `LocalTransport` hands their requests to the same code on the agent's own event loop and awaits
-the engine's future there, so a call costs no HTTP parsing and no hop through a handler thread
+the engine's future there, so a call costs no HTTP parsing and no hop to the server's thread
 (each hop is a thread wake-up, slow on a loaded machine). What is served is the same either way.
 """
 
@@ -30,21 +31,20 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import json
 import re
 import secrets
 import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from saorl.engines.protocol import Completion
+from saorl.rollout.agents.asgi import EndpointApp, HttpServer
 from saorl.rollout.agents.records import AgentSession
 from saorl.rollout.agents.wire import (
+    Answer,
     ApiError,
     ChatRequest,
     GenerateRequest,
@@ -91,16 +91,11 @@ class TrainingEndpoint:
         self.sessions: dict[str, AgentSession] = {}
         self._lock = threading.Lock()
         self._local: Any = None
-        self.server = _Server((host, port), _handler_class(self))
-        self.server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, name="saorl-endpoint", daemon=True
-        )
-        self._thread.start()
+        self.http = HttpServer(EndpointApp(self), host, port)
 
     @property
     def root(self) -> str:
-        host, port = self.server.server_address[:2]
+        host, port = self.http.address
         return f"http://{host}:{port}"
 
     def open(self, task: Any, group_id: int = -1) -> AgentSession:
@@ -126,8 +121,7 @@ class TrainingEndpoint:
             session.closed = True
 
     def shutdown(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.http.shutdown()
 
     # -- requests ------------------------------------------------------------------------------
     def session_for(self, path_key: str | None, headers: Any) -> AgentSession:
@@ -261,24 +255,9 @@ class TrainingEndpoint:
         )
         return reply
 
-    def serve(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
-        """One request, start to end, blocking this thread on the engine (HTTP handlers)."""
-        try:
-            call = self.begin(method, path, headers, raw)
-            if not isinstance(call, Call):
-                return Answer(200, call)
-            try:
-                c = call.future.result(timeout=self.call_timeout_s)
-            except (concurrent.futures.CancelledError, concurrent.futures.TimeoutError):
-                raise _CANCELLED from None
-            return Answer.of(call.req, self.finish(call, c))
-        except ApiError as e:
-            return Answer(e.status, e.body())
-        except Exception as e:  # a bug here must not take the worker down: the agent sees it
-            return Answer(500, _internal(e))
-
     async def serve_async(self, method: str, path: str, headers: Any, raw: bytes) -> Answer:
-        """`serve` on the caller's event loop: it awaits the engine instead of blocking."""
+        """One request, start to end, on the caller's event loop (the HTTP server's, or an
+        in-process agent's): the engine's answer is awaited, no thread blocks on it."""
         try:
             call = self.begin(method, path, headers, raw)
             if not isinstance(call, Call):
@@ -287,12 +266,12 @@ class TrainingEndpoint:
                 c = await asyncio.wait_for(asyncio.wrap_future(call.future), self.call_timeout_s)
             except (asyncio.CancelledError, TimeoutError):
                 if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise  # the agent itself was cancelled (its episode timed out)
+                    raise  # the caller was: its episode timed out, or the HTTP server stops
                 raise _CANCELLED from None
             return Answer.of(call.req, self.finish(call, c))
         except ApiError as e:
             return Answer(e.status, e.body())
-        except Exception as e:
+        except Exception as e:  # a bug here must not take the worker down: the agent sees it
             return Answer(500, _internal(e))
 
 
@@ -305,24 +284,6 @@ class Call:
     prompt: list[int]
     extends: bool
     future: concurrent.futures.Future
-
-
-@dataclass
-class Answer:
-    """A response: a JSON body, or (`events`) the server-sent events of a streamed reply."""
-
-    status: int
-    body: dict[str, Any] | None = None
-    events: list[bytes] | None = None
-
-    @classmethod
-    def of(cls, req: ChatRequest | GenerateRequest, reply: Reply | dict[str, Any]) -> Answer:
-        if isinstance(reply, dict):  # a token call's body
-            return cls(200, reply)
-        if not req.stream:
-            return cls(200, reply.body())
-        chunks = [f"data: {json.dumps(c)}\n\n" for c in reply.chunks(req.include_usage)]
-        return cls(200, events=[e.encode() for e in [*chunks, "data: [DONE]\n\n"]])
 
 
 _CANCELLED = ApiError(
@@ -372,79 +333,3 @@ class LocalTransport:
 
     async def aclose(self) -> None:
         pass
-
-
-class _Server(ThreadingHTTPServer):
-    # Every episode of the worker may connect at once; the default backlog of 5 refuses
-    # connections beyond it when many agents start together.
-    request_queue_size = 1024
-
-
-def _handler_class(endpoint: TrainingEndpoint) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive: httpx reuses connections
-        # Headers and body go out as separate small writes: with Nagle's algorithm the second
-        # waits for the client's delayed ACK (~40 ms a call).
-        disable_nagle_algorithm = True
-
-        def _json(self, status: int, body: dict[str, Any] | None, close: bool = False) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            if close:
-                self.send_header("Connection", "close")
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _sse(self, events: list[bytes]) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Cache-Control", "no-cache")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            for data in events:
-                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-
-        def _answer(self, method: str, raw: bytes = b"") -> None:
-            answer = endpoint.serve(method, self.path, self.headers, raw)
-            if answer.events is not None:
-                self._sse(answer.events)
-            else:
-                self._json(answer.status, answer.body)
-
-        def do_GET(self) -> None:
-            self._answer("GET")
-
-        def do_POST(self) -> None:
-            # The size is checked before a byte of the body is read (or parsed, or tokenized).
-            try:
-                size = int(self.headers.get("Content-Length") or 0)
-                if size < 0:
-                    raise ValueError(size)
-                check_body_size(size, endpoint.body_limit)
-            except (ValueError, ApiError) as e:
-                refused = e if isinstance(e, ApiError) else ApiError(400, "bad Content-Length")
-                self.close_connection = True  # the unread body must not be taken for a request
-                self._json(refused.status, refused.body(), close=True)
-                self._drop_body()
-                return
-            self._answer("POST", self.rfile.read(size))
-
-        def _drop_body(self) -> None:
-            """Read and drop what the client still sends of a refused body, for at most 2 s:
-            closing a socket with unread data resets the connection, and the client would see
-            that instead of the answer (a lingering close, as web servers do)."""
-            deadline = time.monotonic() + 2.0
-            with contextlib.suppress(OSError, ValueError):
-                while (left := deadline - time.monotonic()) > 0:
-                    self.connection.settimeout(left)
-                    if not self.rfile.read1(1 << 16):
-                        break
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Handler

@@ -359,3 +359,21 @@ def generate_body(
             "total_tokens": prompt_len + len(ids),
         },
     }
+
+
+@dataclass
+class Answer:
+    """A response: a JSON body, or (`events`) the server-sent events of a streamed reply."""
+
+    status: int
+    body: dict[str, Any] | None = None
+    events: list[bytes] | None = None
+
+    @classmethod
+    def of(cls, req: ChatRequest | GenerateRequest, reply: Reply | dict[str, Any]) -> Answer:
+        if isinstance(reply, dict):  # a token call's body
+            return cls(200, reply)
+        if not req.stream:
+            return cls(200, reply.body())
+        chunks = [f"data: {json.dumps(c)}\n\n" for c in reply.chunks(req.include_usage)]
+        return cls(200, events=[e.encode() for e in [*chunks, "data: [DONE]\n\n"]])
