@@ -100,7 +100,8 @@ def effective_sample_size(weights: Tensor, mask: Tensor) -> Tensor:
     m = mask.bool()
     w = _zero_outside(weights.detach().double(), m)
     n = m.sum().double()
-    s1, s2 = w.sum(), (w * w).sum()
+    s1 = w.sum()
+    s2 = (w * w).sum()
     ess = s1 * s1 / (n * s2).clamp_min(torch.finfo(torch.float64).tiny)
     return torch.where((n > 0) & (s2 > 0), ess, torch.ones_like(ess))
 

@@ -82,7 +82,8 @@ def train_from_config(cfg: Config, resume: str | None = None) -> dict[str, Any]:
 def _train(
     cfg: Config, placed: Topology, resume: str | None, stops: StopSignals, held: Any
 ) -> dict[str, Any]:
-    learner, tokenizer = placed.learner, placed.tokenizer
+    learner = placed.learner
+    tokenizer = placed.tokenizer
     spec = build_env(cfg.env)  # a bad dataset fails before any run directory exists
     check_prompts(cfg, spec, tokenizer)  # prompts too long for model.max_seq_len: exit 2 here
     warn_short_run(cfg)  # a budget spent on critic-only steps (saorl.run.plan)
@@ -92,7 +93,8 @@ def _train(
     if cfg.env.name == "agent":  # its programs keep their own files in the run folder
         spec = build_env(cfg.env, run_dir=run_dir.resolve())
     prompt_rng = random.Random(cfg.run.seed)
-    started, extra = 0, {}
+    started = 0
+    extra = {}
     state = None
     if resume:
         try:
@@ -241,7 +243,8 @@ def _rl_loop(
     detector = CollapseDetector(cfg.collapse)
     detector.replay(read_metrics(run_dir / "metrics.jsonl"))
     announced = _announce(detector, progress, None)
-    stopped_by, failure = "total_steps", None
+    stopped_by = "total_steps"
+    failure = None
     saved = learner.steps  # checkpoint 0, or the one resumed from
     try:
         # A resumed run's untrained rollouts come back first.
@@ -262,7 +265,8 @@ def _rl_loop(
             try:
                 metrics = learner.step(batch)
             except NonFiniteError as e:  # the summary still says what happened
-                stopped_by, failure = "nonfinite", e
+                stopped_by = "nonfinite"
+                failure = e
                 break
             if push_due(learner.version, pushed, lc.push_every):
                 t_push = time.perf_counter()
@@ -273,7 +277,8 @@ def _rl_loop(
             totals["waited_s"] += got.waited_s
             totals["dropped"] += got.dropped
             metrics["step"] = learner.steps
-            stats, tools = pool.stats(), spec.max_tool_calls > 0
+            stats = pool.stats()
+            tools = spec.max_tool_calls > 0
             metrics.update(
                 _rollout_metrics(cfg, got, batch, stale, stats, totals, t0, t_step, tools)
             )

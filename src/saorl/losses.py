@@ -452,7 +452,8 @@ def value_loss(
 @torch.no_grad()
 def _explained_variance(values: Tensor, returns: Tensor, m: Tensor) -> Tensor:
     n = m.sum().clamp_min(1)
-    r, v = returns.double(), values.double()
+    r = returns.double()
+    v = values.double()
     var_r = _zero_outside((r - _zero_outside(r, m).sum() / n) ** 2, m).sum() / n
     err = _zero_outside(r - v, m)
     var_err = _zero_outside((err - err.sum() / n) ** 2, m).sum() / n

@@ -89,7 +89,9 @@ def _parse_llama3(text: str) -> ToolCall | ToolCallError | None:
     if not body.startswith("{"):
         return None
     # Several calls are `;`-separated; as in the other formats only the last one counts.
-    decoder, payload, pos = json.JSONDecoder(), None, 0
+    decoder = json.JSONDecoder()
+    payload = None
+    pos = 0
     while pos < len(body):
         try:
             payload, end = decoder.raw_decode(body, pos)

@@ -140,7 +140,8 @@ class Batch:
         if not trajs:
             raise ValueError("cannot build a Batch from zero trajectories")
         lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in trajs]
-        B, T = len(trajs), max(lengths)
+        B = len(trajs)
+        T = max(lengths)
         input_ids = torch.full((B, T), pad_id, dtype=torch.long)
         attention = torch.zeros((B, T), dtype=torch.long)
         action = torch.zeros((B, T))
@@ -149,7 +150,8 @@ class Batch:
         versions = torch.full((B, T), -1, dtype=torch.long)
         rewards = torch.zeros((B, T))
         for b, t in enumerate(trajs):
-            p, n = len(t.prompt_ids), len(t.completion_ids)
+            p = len(t.prompt_ids)
+            n = len(t.completion_ids)
             input_ids[b, : p + n] = torch.tensor(t.prompt_ids + t.completion_ids)
             attention[b, : p + n] = 1
             completion[b, p : p + n] = 1

@@ -115,6 +115,7 @@ def counters(learner: Any) -> dict[str, Any]:
 def set_counters(learner: Any, state: dict[str, Any]) -> None:
     """The counter part of `Learner.load_state` (whose weight part a sharded load replaces)."""
     learner.policy_sched.load_state_dict(state["policy_sched"])
-    learner.steps, learner.version = state["step"], state["version"]
+    learner.steps = state["step"]
+    learner.version = state["version"]
     learner.skipped_steps = state.get("skipped_steps", 0)
     learner.baseline.load_state_dict(state["baseline"])

@@ -90,7 +90,8 @@ def check(path: Path) -> None:
     except (OSError, UnicodeDecodeError) as e:
         why = f"its digest file {manifest.name} cannot be read ({e})"
         raise DamagedCheckpointError(f"{path}: {why}") from e
-    root, prefix = path.parent, path.name + "/"
+    root = path.parent
+    prefix = path.name + "/"
     wanted = {n: d for n, d in entries.items() if n == path.name or n.startswith(prefix)}
     missing = [n for n in wanted if not (root / n).is_file()]
     if missing:

@@ -378,7 +378,8 @@ def read_sharded_metadata(folder: str | Path) -> Any:
             md = _MetadataUnpickler(f).load()
         if not isinstance(md, Metadata):
             raise TypeError(f"holds a {type(md).__name__}, not DCP metadata")
-        entries, storage = dict(md.state_dict_metadata), dict(md.storage_data or {})
+        entries = dict(md.state_dict_metadata)
+        storage = dict(md.storage_data or {})
     except _RefusedGlobal as e:
         raise unsafe(f"GLOBAL {e}") from None
     except Exception as e:
@@ -388,13 +389,15 @@ def read_sharded_metadata(folder: str | Path) -> Any:
         raise unsafe(f"entries that are not tensors: {', '.join(other)[:200]}")
     from torch.distributed.checkpoint.filesystem import _StorageInfo
 
-    files, checked = set(), {}
+    files = set()
+    checked = {}
     for index, info in storage.items():
         # What DCP joins to the directory is the object itself, not its str(): a forged path
         # object can print as a shard file while its parts name another folder. So only plain
         # strings pass, and DCP gets records rebuilt from the checked values.
         name = getattr(info, "relative_path", None)
-        offset, length = getattr(info, "offset", None), getattr(info, "length", None)
+        offset = getattr(info, "offset", None)
+        length = getattr(info, "length", None)
         if (
             type(name) is not str
             or not _SHARD_FILE.fullmatch(name)

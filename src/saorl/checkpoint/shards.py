@@ -42,7 +42,9 @@ class WholeEntry(Mapping):
     address (a Ray learner actor reads the files itself)."""
 
     def __init__(self, folder: str, key: str, param_groups: list[dict[str, Any]] | None) -> None:
-        self.folder, self.key, self.param_groups = folder, key, param_groups
+        self.folder = folder
+        self.key = key
+        self.param_groups = param_groups
         self._data: dict[str, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:

@@ -349,9 +349,11 @@ def _train_headline(summary: dict[str, Any]) -> str:
         value = summary.get(key)
         return "-" if value is None else f"{value:.3f}"
 
-    before, after = "initial_eval_accuracy", "final_eval_accuracy"
+    before = "initial_eval_accuracy"
+    after = "final_eval_accuracy"
     greedy = f"{acc(before + '_greedy')} -> {acc(after + '_greedy')}"
-    warmup, steps = summary.get("warmup_seconds"), summary.get("wall_seconds") or 0.0
+    warmup = summary.get("warmup_seconds")
+    steps = summary.get("wall_seconds") or 0.0
     took = _duration(steps) + " of RL steps"
     if warmup is not None:
         took = f"{_duration(warmup + steps)} ({_duration(warmup)} warm-up, {took})"

@@ -241,13 +241,17 @@ def bounds_text(info: FieldInfo) -> str:
     low_open = high_open = False
     for meta in info.metadata:
         if isinstance(meta, Gt):
-            low, low_open = meta.gt, True
+            low = meta.gt
+            low_open = True
         elif isinstance(meta, Ge):
-            low, low_open = meta.ge, False
+            low = meta.ge
+            low_open = False
         elif isinstance(meta, Lt):
-            high, high_open = meta.lt, True
+            high = meta.lt
+            high_open = True
         elif isinstance(meta, Le):
-            high, high_open = meta.le, False
+            high = meta.le
+            high_open = False
     if low is not None and high is not None:
         return f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
     if low is not None:

@@ -108,7 +108,8 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _check_tensor_parallel(self) -> Config:
-        tp, rc = self.rollout.vllm_tensor_parallel_size, self.ray
+        tp = self.rollout.vllm_tensor_parallel_size
+        rc = self.ray
         if tp > 1 and self.algorithm.routing_replay:
             raise ValueError(
                 f"algorithm.routing_replay with rollout.vllm_tensor_parallel_size={tp}: the "

@@ -49,8 +49,11 @@ class FSDPSharding(Sharding):
     sharded = True
 
     def __init__(self, mixed_precision: str, device: torch.device, group: Any = None) -> None:
-        self.mixed_precision, self.device, self.group = mixed_precision, device, group
-        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.mixed_precision = mixed_precision
+        self.device = device
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world = dist.get_world_size(group)
 
     def shard(self, module: nn.Module) -> None:
         mesh = None
@@ -145,7 +148,8 @@ class FSDPSharding(Sharding):
     ) -> None:
         """Rank 0's whole state (and optimizer state) broadcast into every rank's shards."""
         if self.rank != 0:
-            state, opt_state = {}, None
+            state = {}
+            opt_state = None
         load_full_state(module, state, opt, opt_state)
 
 

@@ -148,7 +148,8 @@ def _child_main() -> None:
     """The child's side: build the object, then answer calls until told to exit or orphaned."""
     conn = Connection(int(sys.argv[1]))
     sys.path[:] = pickle.loads(conn.recv_bytes())
-    obj, name = None, "the actor"
+    obj = None
+    name = "the actor"
     try:
         name, factory, args = pickle.loads(conn.recv_bytes())
         obj = factory(*args)

@@ -52,7 +52,8 @@ class ProcRolloutActor(RolloutActor):
         run_dir: Path | None = None,
     ) -> None:
         super().__init__(cfg, cwd, name, seed, tokenizer, limits, run_dir)
-        self.weights, self.push_names = weights, push_names
+        self.weights = weights
+        self.push_names = push_names
         self.loaded = -1  # the version the engine has; the first read takes every tensor
         self.pull_weights()
 
@@ -147,4 +148,5 @@ class ProcWorkerPool(WorkerPool):
             a.close()
         if self.weights is not None:
             self.weights.close()
-        self.workers, self._actors = [], []
+        self.workers = []
+        self._actors = []

@@ -74,7 +74,8 @@ class LearnerActor:
         from saorl.learner.learner import Learner
         from saorl.models.loading import load_policy, resolve_device
 
-        cfg, device = self.cfg, resolve_device(self.cfg.model.device)
+        cfg = self.cfg
+        device = resolve_device(self.cfg.model.device)
         policy, self.tokenizer = load_policy(cfg.model)  # same seed: same init as one process
         remote = None
         if self.critics:
@@ -398,7 +399,8 @@ class RolloutActor:
     ) -> None:
         from saorl.distributed.weight_sync import BroadcastGroup
 
-        self.group, self.meta = BroadcastGroup(host, port, rank, world, backend, timeout), meta
+        self.group = BroadcastGroup(host, port, rank, world, backend, timeout)
+        self.meta = meta
 
     def receive_weights(self, version: int, full: bool = False) -> None:
         self.engine.update_weights(self.group.receive(self.meta[full]), version)

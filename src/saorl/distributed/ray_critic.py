@@ -92,7 +92,8 @@ class RemoteCritic:
     """The learner actor's side: `CriticUpdater`'s methods, answered by a `CriticActor`."""
 
     def __init__(self, actor: Any, role: str = "critic") -> None:
-        self.actor, self.role = actor, role  # role: "critic", or "critic rank R" in a group
+        self.actor = actor  # role: "critic", or "critic rank R" in a group
+        self.role = role
         self._pending: Any = None
 
     def _get(self, ref: Any) -> Any:

@@ -145,7 +145,8 @@ class RayLearner:
         self._failed = False  # a learner call failed
         try:
             _check_resources(cfg.ray, cfg.rollout.num_workers)
-            rc, n = cfg.ray, cfg.ray.learner_ranks
+            rc = cfg.ray
+            n = cfg.ray.learner_ranks
             if n > 1 and not cfg.learner.fsdp:
                 raise ConfigError(
                     f"ray.learner_ranks = {n} needs learner.fsdp = true (the ranks shard one "
@@ -157,7 +158,8 @@ class RayLearner:
                     f"and ray.learner_ranks = {n} the critic actors shard its optimizer state "
                     "already: unset one"
                 )
-            learner_at, critic_setup = None, []
+            learner_at = None
+            critic_setup = []
             if rc.critic_actor:
                 learner_at, critic_setup = self._start_critics()
             self.learner_actors = [
@@ -189,7 +191,9 @@ class RayLearner:
         scheduling options (None: `_learner_placement`'s) and the setup calls to wait for."""
         from saorl.distributed.ray_actors import CriticActor
 
-        ray, rc, n = ray_module(), self.cfg.ray, self.cfg.ray.learner_ranks
+        ray = ray_module()
+        rc = self.cfg.ray
+        n = self.cfg.ray.learner_ranks
         learner_at, critic_at = self._critic_placement()
         self.critic_actors = [
             ray.remote(CriticActor)
@@ -202,7 +206,8 @@ class RayLearner:
             .remote(self.cfg, os.getcwd())
             for _ in range(n)
         ]
-        host, port = "", 0
+        host = ""
+        port = 0
         if n > 1:
             host, port = get(
                 self.critic_actors[0].address.remote(), "critic rank 0", rc.start_timeout_s
@@ -240,7 +245,8 @@ class RayLearner:
         bundle of its own: FSDP2's collectives run every micro-batch)."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        rc, n = self.cfg.ray, self.cfg.ray.learner_ranks
+        rc = self.cfg.ray
+        n = self.cfg.ray.learner_ranks
         learner = _bundle(rc.learner_num_cpus, rc.learner_num_gpus, n, rc.learner_resources)
         critic = _bundle(rc.critic_num_cpus, rc.critic_num_gpus, n, rc.critic_resources)
         if rc.critic_placement == "any":
@@ -331,9 +337,12 @@ class RayLearner:
             ray.wait([self.actor.close_learner.remote()], timeout=30)
         for a in [*self.learner_actors, *self.critic_actors]:
             ray.kill(a)
-        self.learner_actors, self._followers, self.critic_actors = [], [], []
+        self.learner_actors = []
+        self._followers = []
+        self.critic_actors = []
         for pg in self._placements:
             ray.util.remove_placement_group(pg)
-        self._placements, self._learners_pg = [], None
+        self._placements = []
+        self._learners_pg = None
         if self._own_ray:
             ray.shutdown()

@@ -83,11 +83,15 @@ class RayRolloutWorker:
     def __init__(
         self, actor: Any, name: str, feed: PromptFeed, out: queue.Queue[Trajectory], room: int
     ) -> None:
-        self.actor, self.name, self.feed, self.out = actor, name, feed, out
+        self.actor = actor
+        self.name = name
+        self.feed = feed
+        self.out = out
         self.engine = _EngineStats()
         self.idle_s = 0.0
         self.error: BaseException | None = None
-        self._room, self._tasks = room, []
+        self._room = room
+        self._tasks = []
         self._actor_idle = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -196,7 +200,8 @@ class _Replacement(RayRolloutWorker):
 
     def __init__(self, pool: RayWorkerPool, name: str, seed: int) -> None:
         super().__init__(None, name, pool.feed, pool.out, room=0)
-        self.pool, self.seed = pool, seed
+        self.pool = pool
+        self.seed = seed
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._join, name=f"{self.name}-join", daemon=True)
@@ -280,7 +285,8 @@ class RayWorkerPool(WorkerPool):
 
     def _form_group(self, actors: list[Any]) -> None:
         host, port, backend, meta = self.learner.get(self.learner.actor.group_address.remote())
-        world, timeout = len(actors) + 1, self.cfg.ray.start_timeout_s
+        world = len(actors) + 1
+        timeout = self.cfg.ray.start_timeout_s
         get(
             [self.learner.actor.join_group.remote(host, port, world, backend, timeout)]
             + [
@@ -373,7 +379,8 @@ class RayWorkerPool(WorkerPool):
         """Every actor gets the learner's weights; awaited in synchronous mode (the next batch
         is sampled by them), otherwise before the next push (see the module's docstring)."""
         self._finish_push()
-        state, version = self._weights_ref(full), self.learner.version
+        state = self._weights_ref(full)
+        version = self.learner.version
         with self._push_lock:  # a replacement going live gets this push or a later state
             self._pushing = [
                 (w.actor, w.actor.update_weights.remote(state, version))
@@ -416,4 +423,6 @@ class RayWorkerPool(WorkerPool):
             w.stop_thread()
         for a in self._actors:
             ray_module().kill(a)
-        self.workers, self._actors, self._pushing = [], [], []
+        self.workers = []
+        self._actors = []
+        self._pushing = []

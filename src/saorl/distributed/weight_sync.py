@@ -57,7 +57,9 @@ class BroadcastGroup:
         self, host: str, port: int, rank: int, world: int, backend: str, timeout_s: float = 600
     ) -> None:
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.rank, self.world, self.backend = rank, world, backend
+        self.rank = rank
+        self.world = world
+        self.backend = backend
         self.store = dist.TCPStore(host, port, world, rank == 0, timeout=timeout)
         if backend == "gloo":
             self.group: Any = dist.ProcessGroupGloo(self.store, rank, world, timeout)

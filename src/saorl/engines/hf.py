@@ -244,7 +244,8 @@ class HFEngine:
     def _logits_reencode(self) -> torch.Tensor:
         """Next-token logits of every running row, re-encoding whole sequences (reference)."""
         seqs = [r.ids() for r in self._running]
-        B, T = len(seqs), max(len(s) for s in seqs)
+        B = len(seqs)
+        T = max(len(s) for s in seqs)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
         attn = torch.zeros((B, T), dtype=torch.long)
         for i, s in enumerate(seqs):
@@ -302,7 +303,8 @@ class HFEngine:
         so each row's keys/values are rotated right by its padding."""
         seqs = [r.ids() for r in rows]
         lens = torch.tensor([len(s) for s in seqs])
-        N, T = len(seqs), max(len(s) for s in seqs)
+        N = len(seqs)
+        T = max(len(s) for s in seqs)
         ids = torch.full((N, T), self.pad_id, dtype=torch.long)
         for i, s in enumerate(seqs):
             ids[i, : len(s)] = torch.tensor(s)
@@ -383,7 +385,8 @@ class HFEngine:
             next_logp = torch.where(flags, g_logp, next_logp)
         # The step's one device-to-host transfer: ids and log-probs together.
         host = torch.stack([next_ids.to(next_logp.dtype), next_logp]).cpu()
-        ids_l, logp_l = [int(x) for x in host[0].tolist()], host[1].tolist()
+        ids_l = [int(x) for x in host[0].tolist()]
+        logp_l = host[1].tolist()
         self.tokens_generated += len(ids_l)
 
         finished: list[Completion] = []

@@ -21,9 +21,15 @@ class _BufferLayer(DynamicLayer):
 
     def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, n: int, lo: int, end: int):
         super().__init__()
-        self._kbuf, self._vbuf, self._n, self._lo, self._end = kbuf, vbuf, n, lo, end
-        self.keys, self.values = kbuf[:n, :, lo:end], vbuf[:n, :, lo:end]
-        self.is_initialized, self.device = True, kbuf.device
+        self._kbuf = kbuf
+        self._vbuf = vbuf
+        self._n = n
+        self._lo = lo
+        self._end = end
+        self.keys = kbuf[:n, :, lo:end]
+        self.values = vbuf[:n, :, lo:end]
+        self.is_initialized = True
+        self.device = kbuf.device
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
@@ -45,7 +51,8 @@ class SlotCache:
     copied, not the cache), so a forward always reads a single view `[:n, :, lo:end]`."""
 
     def __init__(self, slots: int, device: torch.device) -> None:
-        self.slots, self.device = slots, device
+        self.slots = slots
+        self.device = device
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
         self.end = 0
@@ -57,7 +64,8 @@ class SlotCache:
         return len(self.lens)
 
     def clear(self) -> None:
-        self.lens, self.end = [], 0  # the buffers stay allocated for the next prefill
+        self.lens = []  # the buffers stay allocated for the next prefill
+        self.end = 0
 
     def _reserve(self, left: int, right: int, like: list[torch.Tensor]) -> None:
         """Make columns `[end - left, end + right)` exist, moving the live window if needed."""
@@ -78,7 +86,9 @@ class SlotCache:
                 new[: self.n, :, new_end - width : new_end] = old[
                     : self.n, :, self.end - width : self.end
                 ]
-        self.k, self.v, self.end = k, v, new_end
+        self.k = k
+        self.v = v
+        self.end = new_end
 
     def decode_inputs(self, additive: torch.dtype | None) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """`(cache, attention mask, position ids)` for one token per live row.
@@ -88,7 +98,8 @@ class SlotCache:
         mask instead, transformers checks whether it is all ones, a device-to-host sync at
         every token."""
         self._reserve(0, 1, self.k)
-        width, n = max(self.lens), self.n
+        width = max(self.lens)
+        n = self.n
         cache = DynamicCache()
         cache.layers = [
             _BufferLayer(k, v, n, self.end - width, self.end)
@@ -112,7 +123,9 @@ class SlotCache:
         """Copy a left-padded prefill cache's rows into slots n.. (right-aligned at `end`)."""
         keys = [layer.keys for layer in prefill.layers]
         values = [layer.values for layer in prefill.layers]
-        width, lo, hi = keys[0].shape[2], self.n, self.n + len(lens)
+        width = keys[0].shape[2]
+        lo = self.n
+        hi = self.n + len(lens)
         self._reserve(width, 1, keys)
         for buf, x in zip(self.k + self.v, keys + values, strict=True):
             buf[lo:hi, :, self.end - width : self.end] = x

@@ -319,7 +319,8 @@ class VLLMEngine:
         if self._keys is None:
             self._keys = keys
         elif keys != self._keys and state:  # (an adapter alone leaves the base as it is)
-            missing, unexpected = sorted(self._keys - keys), sorted(keys - self._keys)
+            missing = sorted(self._keys - keys)
+            unexpected = sorted(keys - self._keys)
             raise ValueError(
                 f"weight update does not match the engine's model: missing={missing[:5]}, "
                 f"unexpected={unexpected[:5]}"
@@ -458,7 +459,8 @@ def build_llm(
             multiprocess_mode=False,
         )
 
-    threads, set_threads = torch.get_num_threads(), torch.set_num_threads
+    threads = torch.get_num_threads()
+    set_threads = torch.set_num_threads
     rng = random.getstate(), np.random.get_state(), torch.get_rng_state()
     try:
         llm = build()

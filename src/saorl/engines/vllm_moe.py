@@ -153,7 +153,8 @@ def repack_cpu_experts(layers: list[Experts], state: dict[str, torch.Tensor]) ->
     for name, module, isa in layers:
         prefix = name.removesuffix(".routed_experts")
         for attr, key in (("w13_weight", "gate_up_proj"), ("w2_weight", "down_proj")):
-            param, pushed = getattr(module, attr), state.get(f"{prefix}.{key}")
+            param = getattr(module, attr)
+            pushed = state.get(f"{prefix}.{key}")
             if pushed is None or param.shape != pushed.shape:
                 continue
             with torch.no_grad():

@@ -93,7 +93,8 @@ class AgentProgram:
         told: set[str] | None = None,
         run_dir: Path | None = None,
     ) -> None:
-        self.fn, self.command = fn, cfg.agent.command
+        self.fn = fn
+        self.command = cfg.agent.command
         self.name = cfg.agent.function or cfg.agent.command
         self.tasks = cfg.agent.tasks
         # Notes printed once per run: the set is shared by the run's programs (one per episode)
@@ -101,8 +102,10 @@ class AgentProgram:
         self.passthrough = tuple(cfg.agent.env_passthrough)
         # Command agents' processes (capped, killed by group), for the rollout worker
         self.processes = agent_procs if self.command else None
-        self.grader, self.scorer = grader, scorer
-        self.host, self.models = cfg.agent.host, (MODEL_NAME,)
+        self.grader = grader
+        self.scorer = scorer
+        self.host = cfg.agent.host
+        self.models = (MODEL_NAME,)
         self.tool_format = "llama3" if cfg.tool_format == "llama3" else "hermes"
         self.timeout_s = cfg.step_timeout_s
         self.workspace = cfg.agent.tasks == "swe"  # a repository copy and shell per episode

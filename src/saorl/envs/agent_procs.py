@@ -134,7 +134,8 @@ def status(loop: Any = None) -> str:
     this process wait for a slot."""
     with _lock:
         running = sum(1 for lp in _alive.values() if loop is None or lp is loop)
-        waiting, cap = _waiting, max_processes()
+        waiting = _waiting
+        cap = max_processes()
     text = f"{running} agent processes running (at most {cap} at once)"
     return text + (f", {waiting} episodes waiting for one" if waiting else "")
 

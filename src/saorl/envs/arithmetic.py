@@ -51,7 +51,8 @@ class ArithmeticTask:
     def sample(self, rng: random.Random) -> Problem:
         """A training problem (never one of the held-out set)."""
         while True:
-            a, b = rng.randrange(self.high), rng.randrange(self.high)
+            a = rng.randrange(self.high)
+            b = rng.randrange(self.high)
             if a * self.high + b not in self._held_out_ids:
                 return self._problem(a, b)
 

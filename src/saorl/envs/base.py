@@ -226,7 +226,8 @@ class TaskList:
     """Training tasks sampled uniformly from a list, and a separate held-out list."""
 
     def __init__(self, train: Sequence[Any], held_out: Sequence[Any]) -> None:
-        self.train, self.held_out = list(train), list(held_out)
+        self.train = list(train)
+        self.held_out = list(held_out)
 
     def sample(self, rng: random.Random) -> Any:
         if not self.train:

@@ -151,7 +151,8 @@ def register_object(obj: Any) -> str:
 
 
 def _reference_of(obj: Any) -> str | None:
-    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    module = getattr(obj, "__module__", None)
+    qualname = getattr(obj, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or "<" in qualname:
         return None  # an instance, a lambda or a function defined inside another
     mod = sys.modules.get(module)

@@ -19,7 +19,8 @@ class DatasetTask:
     def __init__(self, train: list[Any], held_out: list[Any], need_train: bool = True) -> None:
         if need_train and not train:
             raise ConfigError("env.dataset: no training problems left after the held-out split")
-        self.train, self.held_out = train, held_out
+        self.train = train
+        self.held_out = held_out
 
     def sample(self, rng: random.Random) -> Any:
         return rng.choice(self.train)
@@ -98,13 +99,16 @@ def _build_env(cfg: EnvConfig, held_out_only: bool, run_dir: Path | None = None)
 
         if cfg.eval_dataset and held_out_only:
             size = cfg.eval_size if "eval_size" in cfg.model_fields_set else None
-            train, held_out = [], _load(cfg, "eval_dataset")[:size]
+            train = []
+            held_out = _load(cfg, "eval_dataset")[:size]
         elif cfg.eval_dataset:
-            train, held_out = _load(cfg, "dataset"), _load(cfg, "eval_dataset")[: cfg.eval_size]
+            train = _load(cfg, "dataset")
+            held_out = _load(cfg, "eval_dataset")[: cfg.eval_size]
         else:
             problems = _load(cfg, "dataset")
             size = held_out_size(cfg, len(problems), need_train=not held_out_only)
-            train, held_out = problems[:-size], problems[-size:]
+            train = problems[:-size]
+            held_out = problems[-size:]
         functions = None
         if cfg.tools:
             from saorl.envs.function_tools import FunctionTools

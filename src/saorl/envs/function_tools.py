@@ -43,7 +43,8 @@ _SECTION = re.compile(
 
 def _type_schema(tp: Any) -> dict[str, Any]:
     """The JSON schema of one type hint; {} (any value) for what JSON cannot say."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
     if tp in _PRIMITIVES:
         return {"type": _PRIMITIVES[tp]}
     if origin in (Union, types.UnionType):
@@ -68,7 +69,10 @@ def _type_schema(tp: Any) -> dict[str, Any]:
 _ARG_SECTIONS = ("args", "arguments", "parameters", "params")
 # Values quoted in error texts: a few levels and items deep, whatever the model sent.
 _SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlong = 3, 80, 80, 40
+_SHORT.maxlevel = 3
+_SHORT.maxstring = 80
+_SHORT.maxother = 80
+_SHORT.maxlong = 40
 
 
 def _show(value: Any) -> str:
@@ -86,14 +90,19 @@ def _docstring_parts(doc: str) -> tuple[str, dict[str, str]]:
             break
         first.append(line.strip())
     params: dict[str, str] = {}
-    in_args, numpy, name, base = False, False, "", -1
+    in_args = False
+    numpy = False
+    name = ""
+    base = -1
     for i, line in enumerate(lines):
         text = line.strip()
         below = lines[i + 1].strip() if i + 1 < len(lines) else ""
         underlined = bool(below) and set(below) == {"-"}
         if _SECTION.match(text) and (text.endswith(":") or underlined):
             in_args = text.rstrip(":").strip().lower() in _ARG_SECTIONS
-            numpy, name, base = underlined, "", -1
+            numpy = underlined
+            name = ""
+            base = -1
             continue
         if not in_args or not text or set(text) == {"-"}:
             continue
@@ -180,7 +189,8 @@ class FunctionTools:
     ) -> None:
         from saorl.envs.custom import load_reference
 
-        self.timeout_s, self.max_output_chars = timeout_s, max_output_chars
+        self.timeout_s = timeout_s
+        self.max_output_chars = max_output_chars
         self.functions: dict[str, Callable[..., Any]] = {}
         self.schemas: list[dict[str, Any]] = []
         for ref in functions:

@@ -101,7 +101,8 @@ class Sessions:
         with self.lock:
             first = not self.capacity
             self.capacity = most or max(1, self.open)
-            full, capacity = self.open >= self.capacity, self.capacity
+            full = self.open >= self.capacity
+            capacity = self.capacity
         if first:
             print(
                 f"saorl: the OpenEnv server {where} holds {capacity} session(s) at once "
@@ -223,8 +224,11 @@ class OpenEnvEnv:
         self._base_url = base_url
         self.sessions = sessions(key or str(base_url))
         self._held = False  # this episode counts in `sessions.open`
-        self.fmt, self.reset_args, self.timeout_s = fmt, dict(reset_args or {}), timeout_s
-        self.system_prompt, self.with_instructions = system_prompt, with_instructions
+        self.fmt = fmt
+        self.reset_args = dict(reset_args or {})
+        self.timeout_s = timeout_s
+        self.system_prompt = system_prompt
+        self.with_instructions = with_instructions
         self.tool_override = tool
         self.tools: list[dict[str, Any]] = []  # read by the rollout worker after reset
         self.name = ""
@@ -254,7 +258,8 @@ class OpenEnvEnv:
 
     async def _open(self, base: str, reset: dict[str, Any]) -> Any:
         """Connect and reset; a session refused for capacity waits and tries again (above)."""
-        deadline, pause = time.monotonic() + self.timeout_s, RETRY_S[0]
+        deadline = time.monotonic() + self.timeout_s
+        pause = RETRY_S[0]
         while True:
             await self._connect(ws_url(base))
             self._held = True
@@ -293,7 +298,8 @@ class OpenEnvEnv:
         if reply.done:
             await self.aclose()
         result = self._observe(observation_text(reply.observation), "ok")
-        result.reward, result.done = reply.reward, reply.done
+        result.reward = reply.reward
+        result.done = reply.done
         return result
 
     def _observe(self, text: str, status: str) -> StepResult:
@@ -372,7 +378,8 @@ def build_openenv_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     first episode of each process starts the app or connects)."""
     fmt: ToolFormat = "llama3" if cfg.tool_format == "llama3" else "hermes"
     if cfg.openenv.app:
-        ref, timeout = cfg.openenv.app, cfg.step_timeout_s
+        ref = cfg.openenv.app
+        timeout = cfg.step_timeout_s
         base: Any = lambda: serve_app(ref, timeout_s=timeout)  # noqa: E731
     else:
         base = cfg.openenv.url.rstrip("/")

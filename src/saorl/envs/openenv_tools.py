@@ -129,7 +129,8 @@ def read_reply(message: Any) -> Reply:
         most = data.get("max_sessions")
         most = most if isinstance(most, int) and not isinstance(most, bool) and most > 0 else 0
         return Reply(error=text or code or "unknown error", code=code, max_sessions=most)
-    observation, reward = data.get("observation"), data.get("reward")
+    observation = data.get("observation")
+    reward = data.get("reward")
     if message.get("type") != "observation" or not isinstance(observation, dict):
         return Reply(error=f"the server sent {str(message)[:200]!r}", code="BAD_REPLY")
     if isinstance(reward, bool) or not isinstance(reward, int | float) or reward != reward:

@@ -95,7 +95,8 @@ def load_reward_fns(cfg: EnvConfig) -> list[RewardFn]:
                 f"env.reward_fns {ref!r}: an object of type {type(fn).__name__}, not a function"
             )
         base = ref.rpartition(":")[2].rpartition(".")[2]
-        name, n = base, 1
+        name = base
+        n = 1
         while any(r.name == name for r in out):
             n += 1
             name = f"{base}_{n}"
@@ -206,7 +207,9 @@ class RewardEnv:
     offload = True  # reward functions are user code of unknown cost (an LLM judge, a sandbox)
 
     def __init__(self, inner: Env, fns: list[RewardFn], timeout_s: float) -> None:
-        self.inner, self.fns, self.timeout_s = inner, fns, timeout_s
+        self.inner = inner
+        self.fns = fns
+        self.timeout_s = timeout_s
         self.task: Any = None
         self.messages: list[Message] = []
 
@@ -315,5 +318,6 @@ def with_reward_fns(spec: EnvSpec, cfg: EnvConfig) -> EnvSpec:
     sample = next(tasks, None)
     if sample is not None:
         check_reward_fns(fns, sample)
-    make_env, timeout = spec.make_env, cfg.reward_timeout_s
+    make_env = spec.make_env
+    timeout = cfg.reward_timeout_s
     return dataclasses.replace(spec, make_env=lambda: RewardEnv(make_env(), fns, timeout))

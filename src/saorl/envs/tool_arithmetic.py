@@ -72,7 +72,8 @@ class ToolArithmeticTask:
         self, num_digits: int = 2, eval_size: int = 256, seed: int = 1234, train: bool = True
     ) -> None:
         """`train=False`: held-out problems only (evaluation), up to every problem there is."""
-        lo, hi = 10 ** (num_digits - 1), 10**num_digits
+        lo = 10 ** (num_digits - 1)
+        hi = 10**num_digits
         pairs = [(a, b) for a in range(lo, hi) for b in range(lo, hi)]
         if not train:
             eval_size = min(eval_size, len(pairs))

@@ -70,7 +70,8 @@ class Renderer:
     none) and the `renderers` config (`env.args.renderer`; default: auto from the model)."""
 
     def __init__(self, config: dict[str, Any] | None) -> None:
-        self.config, self.model = config, ""
+        self.config = config
+        self.model = ""
         self._lock = threading.Lock()
 
     def bind(self, tokenizer: Any) -> None:
@@ -96,7 +97,8 @@ class Runner:
     """The `serve` process of one event loop (a rollout worker's) and its episodes in flight."""
 
     def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.argv, self.env = argv, env
+        self.argv = argv
+        self.env = env
         self.proc: asyncio.subprocess.Process | None = None
         self.pending: dict[int, asyncio.Future] = {}
         self.ids = itertools.count()
@@ -178,7 +180,8 @@ class VerifiersProgram(AgentProgram):
     def __init__(self, cfg: EnvConfig, renderer: Renderer, settings: dict[str, Any]) -> None:
         super().__init__(cfg, None, None, None)
         self.python = cfg.verifiers.python or sys.executable
-        self.renderer, self.settings = renderer, settings
+        self.renderer = renderer
+        self.settings = settings
 
     def bind_tokenizer(self, tokenizer: Any) -> None:
         self.renderer.bind(tokenizer)
@@ -256,7 +259,8 @@ def build_verifiers_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
             f"env.verifiers.taskset {cfg.verifiers.taskset!r}: the taskset has no tasks"
         )
     size = held_out_size(cfg, len(tasks), need_train=not held_out_only)
-    train, held_out = tasks[:-size], tasks[-size:]
+    train = tasks[:-size]
+    held_out = tasks[-size:]
     return EnvSpec(
         TaskList(train, held_out),
         lambda: VerifiersProgram(cfg, renderer, settings),  # type: ignore[arg-type,return-value]

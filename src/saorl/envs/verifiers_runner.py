@@ -46,10 +46,12 @@ def _settings() -> dict[str, Any]:
 def taskset_id(env: str) -> str:
     """The id verifiers' `load_environment` resolves: a module or package name, or a
     `path/to/taskset.py` (its folder goes on the import path, its stem is the id)."""
-    folder, ident = os.getcwd(), env  # a module next to the config, as `python -m` finds it
+    folder = os.getcwd()  # a module next to the config, as `python -m` finds it
+    ident = env
     if env.endswith(".py") or os.sep in env:
         path = Path(env).resolve()
-        folder, ident = str(path.parent), path.stem
+        folder = str(path.parent)
+        ident = path.stem
     sys.path.insert(0, folder)
     # tool servers run as `python -m <their module>` in processes of their own
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
@@ -78,7 +80,8 @@ def reuse_runtimes() -> None:
     from verifiers.v1.runtimes.subprocess import SubprocessRuntime
 
     for note in Path(SubprocessRuntime.scripts_dir).glob(f"*.py{NOTE}"):
-        python, script = note.read_text().strip(), str(note)[: -len(NOTE)]
+        python = note.read_text().strip()
+        script = str(note)[: -len(NOTE)]
         if Path(python).exists() and Path(script).exists():
             SubprocessRuntime._interpreters.setdefault(script, python)
 

@@ -47,7 +47,8 @@ def run_episodes(
     samples from `model` itself, no copy), with `cfg`'s sampling settings (`rollout.*`:
     temperature, top_p, max_new_tokens, stop strings added to the environment's own) and
     context (`model.max_seq_len`), at least 256 episodes at a time."""
-    roll, max_seq_len = cfg.rollout, cfg.model.max_seq_len
+    roll = cfg.rollout
+    max_seq_len = cfg.model.max_seq_len
     # No MoE routing is recorded: evaluation episodes are never trained on.
     cfg = cfg.model_copy(
         update={"algorithm": cfg.algorithm.model_copy(update={"routing_replay": False})}
@@ -258,7 +259,8 @@ def run_eval(
     from saorl.envs.factory import build_env
 
     template = resolve_template(prompt_template)  # a bad one fails before any model loads
-    env_cfg, roll = cfg.env, cfg.rollout
+    env_cfg = cfg.env
+    roll = cfg.rollout
     if env_cfg.name == "swe" and env_cfg.swe.source == "generated" and limit:
         # Generated tasks are made (and validated) on demand; the first N never depend on
         # how many follow, so only the ones evaluated are made.

@@ -97,7 +97,8 @@ def _choice(reply: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     message = choice.get("message")
     if not isinstance(message, dict):
         raise MalformedReply(f"choices[0].message is {_kind(message)}, not an object")
-    content, finish = message.get("content"), choice.get("finish_reason")
+    content = message.get("content")
+    finish = choice.get("finish_reason")
     if content is not None and not isinstance(content, str):
         raise MalformedReply(f"message.content is {_kind(content)}, not text")
     if finish is not None and not isinstance(finish, str):
@@ -125,7 +126,11 @@ def chat_episode(
     try:
         messages = list(loop.run_until_complete(env.reset(task)))
         schemas = tool_schemas(env) or []
-        turns, tool_calls, reward, texts, info = 0, 0, 0.0, [], {}
+        turns = 0
+        tool_calls = 0
+        reward = 0.0
+        texts = []
+        info = {}
         while True:
             body = {
                 "model": model,
@@ -204,7 +209,8 @@ def _last_tool_call(message: dict[str, Any]) -> tuple[str, str, dict[str, Any]] 
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict):
         raise MalformedReply(f"tool_calls[-1].function is {_kind(function)}, not an object")
-    name, call_id = function.get("name"), call.get("id")
+    name = function.get("name")
+    call_id = call.get("id")
     if not isinstance(name, str):
         raise MalformedReply(f"tool_calls[-1].function.name is {_kind(name)}, not text")
     call_id = call_id if isinstance(call_id, str) and call_id else f"call_{len(calls) - 1}"

@@ -133,7 +133,8 @@ COMPONENTS = ("advantage", "loss", "critic", "minibatches", "groups")
 
 def arm_components(cfg: Config) -> dict[str, str]:
     """What an arm is, from its resolved config: one short text per column of `COMPONENTS`."""
-    a, c = cfg.algorithm, cfg.critic
+    a = cfg.algorithm
+    c = cfg.critic
     if a.advantage == "gae":
         lam = (
             f"adaptive lambda, alpha {a.lambda_alpha:g}"

@@ -123,7 +123,8 @@ def _config_diff(saved: Path, cfg: Config) -> list[str]:
         old = load_config(saved, [])
     except ConfigError:
         return []  # written by another version of the schema: nothing reliable to compare
-    a, b = leaf_values(old), leaf_values(cfg)
+    a = leaf_values(old)
+    b = leaf_values(cfg)
     return [key for key in b if a.get(key) != b[key] and key not in _BOOKKEEPING]
 
 
@@ -191,9 +192,13 @@ def plan_runs(
     for seed in seed_list if seeds > 1 else [None]:
         for arm in arms:
             if seed is None:
-                where, name, own = out_dir, arm.name, []
+                where = out_dir
+                name = arm.name
+                own = []
             else:
-                where, name, own = out_dir / arm.name, f"seed{seed}", [f"run.seed={seed}"]
+                where = out_dir / arm.name
+                name = f"seed{seed}"
+                own = [f"run.seed={seed}"]
             overrides = (cache, *shared, *own, *arm.overrides, *_fixed_overrides(where, name))
             runs.append(Run(arm, seed, where / name, overrides))
     return runs, seed_list

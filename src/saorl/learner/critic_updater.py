@@ -80,7 +80,8 @@ def plan_rows(lc: LearnerConfig, lengths: list[int]) -> list[list[int]]:
     or by row count (`learner.micro_batch_size`)."""
     if lc.micro_batch_tokens:
         return plan_token_micro_batches(lengths, lc.micro_batch_tokens)
-    n, k = len(lengths), lc.micro_batch_size
+    n = len(lengths)
+    k = lc.micro_batch_size
     return [list(range(i, min(i + k, n))) for i in range(0, n, k)]
 
 
@@ -179,7 +180,9 @@ class CriticUpdater:
         sharding: Sharding,
         concurrent: bool,
     ) -> None:
-        self.cfg, self.device, self.sharding = cfg, device, sharding
+        self.cfg = cfg
+        self.device = device
+        self.sharding = sharding
         self._amp = compute_precision(cfg.learner.mixed_precision, device, sharding.sharded)
         # critic.lora_rank's adapters; critic.name_or_path: the policy or a model of its own
         source = critic_source(cfg.critic.name_or_path, cfg.model, policy)
@@ -348,7 +351,8 @@ class CriticUpdater:
         old_values: torch.Tensor,
     ) -> torch.Tensor:
         """Backward of micro-batch `x`'s share of the value loss; returns that share, detached."""
-        cc, agg = self.cfg.critic, self.cfg.algorithm.loss_agg
+        cc = self.cfg.critic
+        agg = self.cfg.algorithm.loss_agg
         loss, _ = value_loss(
             values,
             returns,

@@ -153,15 +153,18 @@ class Learner:
     # -- one step ------------------------------------------------------------------------------
     def step(self, batch: Batch) -> dict[str, Any]:
         """One learner step on a batch: advantages (and critic updates), then the policy."""
-        cfg, algo = self.cfg, self.cfg.algorithm
+        cfg = self.cfg
+        algo = self.cfg.algorithm
         # Host reads from the batch while it is on the CPU (where the loop hands it over).
         lengths = batch.attention_mask.sum(-1).tolist()
         b = batch.to(self.device)
         mask = b.action_mask
-        m, flags = StepMetrics(), StepFlags()
+        m = StepMetrics()
+        flags = StepFlags()
         micro = self._micro_batches(lengths)
         skipped_before = self.skipped_steps
-        warmup, critic = False, self.critic_updater
+        warmup = False
+        critic = self.critic_updater
         gae = algo.advantage == "gae"
         if gae:
             # 1-2. Values before any critic update -> advantages (and the critic's targets).
@@ -420,7 +423,8 @@ class Learner:
     def export(self, tokenizer: Any, path: Path) -> None:
         """The policy in Hugging Face format (what `model.name_or_path` loads); LoRA: merged."""
         save_pretrained(self.policy, tokenizer, path)
-        model, warmed_up = self.cfg.model, bool(self.cfg.learner.sft_steps)
+        model = self.cfg.model
+        warmed_up = bool(self.cfg.learner.sft_steps)
         save_adapter(self.policy, tokenizer, path, model.name_or_path, warmed_up)
 
     def close(self) -> None:

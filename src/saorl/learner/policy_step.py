@@ -202,7 +202,8 @@ def _policy_micro_step(
 
 
 def finish_mismatch(metrics: dict[str, Any]) -> None:
-    n, k3_sum = metrics["mismatch/tokens"], metrics.pop("mismatch/k3_sum")
+    n = metrics["mismatch/tokens"]
+    k3_sum = metrics.pop("mismatch/k3_sum")
     metrics["mismatch/k3"] = k3_sum / n if n else None  # null when no token was on-policy
     if not n:
         metrics["mismatch/max_abs_logprob_diff"] = None

@@ -45,7 +45,8 @@ def encode_segments(
     chat template when there is one); later segments are encoded as plain text, as the agent
     loop appends them. `target_mask` is 1 on the tokens of trained segments and on EOS.
     """
-    rows, masks = [], []
+    rows = []
+    masks = []
     for segments in demos:
         ids: list[int] = []
         mask: list[int] = []

@@ -36,7 +36,9 @@ from saorl.types import Batch
 def _explained_variance(learner: Learner, batches: list[Batch]) -> float:
     """Explained variance of the critic's values against the value targets the training step
     uses (`saorl.learner.critic_updater.gae_targets`), over the action tokens of all `batches`."""
-    values, returns, masks = [], [], []
+    values = []
+    returns = []
+    masks = []
     for b in batches:
         v, ret = learner.critic_updater.evaluate(b)
         values.append(v)
@@ -91,8 +93,10 @@ def value_pretrain(
             "error; nothing to fit (check the env settings)"
         )
     n_held = max(1, int(len(trajs) * heldout_frac))
-    held, train = trajs[:n_held], trajs[n_held:]
-    bs, pad = cfg.learner.batch_size, tokenizer.pad_token_id
+    held = trajs[:n_held]
+    train = trajs[n_held:]
+    bs = cfg.learner.batch_size
+    pad = tokenizer.pad_token_id
     held_batches = [Batch.from_trajectories(held[i : i + bs], pad) for i in range(0, n_held, bs)]
     ev_before = _explained_variance(learner, held_batches)
     train_rng = random.Random(cfg.run.seed + 8)

@@ -190,7 +190,8 @@ def frozen_share(module: nn.Module, mixers: dict[str, nn.Module]) -> str:
     """One line: the frozen share of `module`'s tensors and parameters, and the mixer classes."""
     params = dict(module.named_parameters())
     frozen = [p for p in params.values() if not p.requires_grad]
-    n_all, n_frozen = sum(p.numel() for p in params.values()), sum(p.numel() for p in frozen)
+    n_all = sum(p.numel() for p in params.values())
+    n_frozen = sum(p.numel() for p in frozen)
     kinds = Counter(type(m).__name__ for m in mixers.values())
     return (
         f"{len(frozen)} of {len(params)} tensors, {n_frozen} of {n_all} parameters "

@@ -91,7 +91,8 @@ class _FusedChunkLogprobs(torch.autograd.Function):
         else:
             entropy = chosen.new_zeros(())
         ctx.save_for_backward(hidden, weight, bias, targets, lse, entropy)
-        ctx.temperature, ctx.with_entropy = temperature, with_entropy
+        ctx.temperature = temperature
+        ctx.with_entropy = with_entropy
         ctx.set_materialize_grads(False)
         return chosen, entropy
 
@@ -245,9 +246,11 @@ def sequence_logprobs(
         impl = "checkpoint"  # the fused backward needs a plain linear head
     h = hidden[:, :-1]
     targets = ids[:, 1:]
-    outs, ents = [], []
+    outs = []
+    ents = []
     for s in range(0, h.shape[1], chunk_size):
-        hc, tc = h[:, s : s + chunk_size], targets[:, s : s + chunk_size]
+        hc = h[:, s : s + chunk_size]
+        tc = targets[:, s : s + chunk_size]
         if not (torch.is_grad_enabled() and hc.requires_grad):
             lp, ent = _chunk_logprobs(hc, tc, head, temperature, return_entropy)
         elif impl == "fused":

@@ -46,7 +46,8 @@ class FullState(Protocol):
 
 
 _BASE = ".base_layer."
-_A, _B = ".lora_A.default.weight", ".lora_B.default.weight"
+_A = ".lora_A.default.weight"
+_B = ".lora_B.default.weight"
 
 
 def _peft(field: str, rank: int) -> Any:
@@ -115,7 +116,8 @@ def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.
             continue
         if _BASE in key:
             prefix, _, name = key.partition(_BASE)
-            a, b = state.get(prefix + _A), state.get(prefix + _B)
+            a = state.get(prefix + _A)
+            b = state.get(prefix + _B)
             if name == "weight" and a is not None and b is not None:
                 delta = (b.float() @ a.float()) * scale
                 value = (value.float() + delta.to(value.device)).to(value.dtype)

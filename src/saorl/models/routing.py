@@ -169,7 +169,8 @@ class RoutingReplay:
     def take_metrics(self) -> dict[str, float | None]:
         """`routing/changed_frac`: of the (token, MoE layer) pairs replayed since the last call,
         the fraction where the learner's own top-k differed from the engine's; null if none."""
-        changed, known = int(self._changed), int(self._known)
+        changed = int(self._changed)
+        known = int(self._known)
         self._changed = self._known = 0
         return {"routing/changed_frac": changed / known if known else None}
 

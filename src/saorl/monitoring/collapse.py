@@ -229,7 +229,8 @@ def metric_series(rows: Sequence[dict[str, Any]], key: str) -> tuple[list[float]
 
 def trailing_mean(values: Sequence[float], window: int) -> list[float]:
     """Mean of the last `window` values at every index (a partial window at the start)."""
-    out, total = [], 0.0
+    out = []
+    total = 0.0
     for i, v in enumerate(values):
         total += v
         if i >= window:

@@ -38,7 +38,9 @@ class Rule:
     """One signal: a patience counter over the values of one metric and its finding."""
 
     def __init__(self, name: str, keys: tuple[str, ...], patience: int) -> None:
-        self.name, self.keys, self.patience = name, keys, patience
+        self.name = name
+        self.keys = keys
+        self.patience = patience
         self.streak = 0  # consecutive values over the threshold, up to now
         self.onset: tuple[float, float, float] | None = None  # (step, value, threshold)
         self.finding: Finding | None = None
@@ -149,7 +151,8 @@ class Grow(Smoothed):
         self, name: str, keys: tuple[str, ...], factor: float, floor: float, cfg: CollapseConfig
     ) -> None:
         super().__init__(name, keys, cfg)
-        self.factor, self.floor = factor, floor
+        self.factor = factor
+        self.floor = floor
 
     def judge(self, value: float) -> tuple[float | None, bool, float, float]:
         mean = self.smooth(value)
@@ -215,7 +218,8 @@ class RewardCrash(Smoothed):
 
     def __init__(self, cfg: CollapseConfig, key: str) -> None:
         super().__init__("reward_crash", (key,), cfg)
-        self.drop, self.noise = cfg.reward_drop, cfg.reward_noise
+        self.drop = cfg.reward_drop
+        self.noise = cfg.reward_noise
         self.abs_diff = 0.0  # sum of |r_t - r_(t-1)| over the whole run
         self.last: float | None = None
         self.best = -math.inf
@@ -249,7 +253,8 @@ class EvalDrop(Rule):
 
     def __init__(self, cfg: CollapseConfig, key: str) -> None:
         super().__init__("eval_drop", (key,), 2)
-        self.frac, self.min_best = cfg.eval_drop, cfg.eval_min_best
+        self.frac = cfg.eval_drop
+        self.min_best = cfg.eval_min_best
         self.best = -math.inf
 
     def judge(self, value: float) -> tuple[float | None, bool, float, float]:
@@ -285,7 +290,8 @@ class Spike(Rule):
         super().__init__(name, keys, cfg.patience)
         self.quantile = quantile  # the reference is at least this quantile of the history
         # Judged once it has `window` values of history (at most the whole baseline window).
-        self.factor, self.floor = factor, floor
+        self.factor = factor
+        self.floor = floor
         self.instant = cfg.spike_instant or None
         self.min_history = min(cfg.window, cfg.baseline_window)
         self.history: deque[float] = deque(maxlen=cfg.baseline_window)

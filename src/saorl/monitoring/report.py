@@ -413,7 +413,8 @@ def plot_compare_seeds(
         ax = fig.add_subplot(nrows, ncols, i + 1)
         _shade_critic_only(ax, warm, colors)
         for label, j, steps, mean, low, high in lines:
-            color, style = colors[label], _LINESTYLES[j % len(_LINESTYLES)]
+            color = colors[label]
+            style = _LINESTYLES[j % len(_LINESTYLES)]
             marker = "o" if panel.markers or len(steps) == 1 else None
             ax.plot(
                 steps,

@@ -55,7 +55,8 @@ def row_advantages(
     gives 0."""
     out: dict[str, torch.Tensor] = {}
     for i in range(min(rows, advantages.shape[0])):
-        a, m = advantages[i], mask[i] > 0
+        a = advantages[i]
+        m = mask[i] > 0
         if not bool(m.any()):  # a host read, only on the few rows of a due step
             continue
         acted = a[m]
@@ -100,7 +101,8 @@ def split_turns(tokenizer: Any, traj: Trajectory) -> list[dict[str, str]]:
     """The completion as alternating runs of model and observation tokens, decoded."""
     turns: list[dict[str, str]] = []
     start = 0
-    ids, mask = traj.completion_ids, traj.loss_mask
+    ids = traj.completion_ids
+    mask = traj.loss_mask
     for i in range(1, len(ids) + 1):
         if i == len(ids) or mask[i] != mask[start]:
             role = "model" if mask[start] else "observation"
@@ -156,7 +158,10 @@ class SampleLogger:
         log: MetricsLogger,
     ) -> None:
         self.path = Path(run_dir) / SAMPLES_FILE
-        self.tokenizer, self.every, self.count, self.log = tokenizer, every, count, log
+        self.tokenizer = tokenizer
+        self.every = every
+        self.count = count
+        self.log = log
         self.last_step = last_step
 
     def due(self, step: int) -> bool:

@@ -189,7 +189,10 @@ class TensorBoardTracker:
         from tensorboardX.record_writer import masked_crc32c
         from tensorboardX.summary import text
 
-        self._event, self._summary, self._crc, self._text = Event, Summary, masked_crc32c, text
+        self._event = Event
+        self._summary = Summary
+        self._crc = masked_crc32c
+        self._text = text
         self.log_dir = Path(run_dir) / "tensorboard"
         make_dir(self.log_dir, "TensorBoard folder")
         # TensorBoard reads a directory's event files in name order: time, host, then the step

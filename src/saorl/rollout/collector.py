@@ -47,13 +47,17 @@ class BatchCollector:
         group_size: int,
         sync: bool,
     ) -> None:
-        self.workers, self.feed, self.out = workers, feed, out
-        self.group_size, self.sync = group_size, sync
+        self.workers = workers
+        self.feed = feed
+        self.out = out
+        self.group_size = group_size
+        self.sync = sync
         self.partial: dict[int, list[Trajectory]] = {}
         self.first_done: dict[int, float] = {}
         self.failed = 0  # rollouts ended by an environment error or an abort (not trained)
         self.respawn: Callable[[int], Any] | None = None  # builds worker i anew after a crash
-        self.max_restarts, self.restarts = 0, 0
+        self.max_restarts = 0
+        self.restarts = 0
         self.too_long = 0  # prompts that filled the context before any token was generated
         self._too_long_streak = 0
         self.failures = FailureLog()  # env_error messages, printed once each and counted
@@ -147,10 +151,13 @@ class BatchCollector:
     ) -> tuple[list[Trajectory], int, float, list[float]]:
         """`(batch, dropped as too stale, seconds waited, group waits in seconds)`."""
         batch: list[Trajectory] = []
-        dropped, waited, group_waits = 0, 0.0, []
+        dropped = 0
+        waited = 0.0
+        group_waits = []
         judged = errored = 0
         self.recent_failed = []
-        start, quiet = time.perf_counter(), max(QUIET_S, 3 * self.slowest)
+        start = time.perf_counter()
+        quiet = max(QUIET_S, 3 * self.slowest)
         while len(batch) < n:
             t0 = time.perf_counter()
             traj = self._next()

@@ -74,7 +74,8 @@ def failure_info(where: str, exc: BaseException) -> dict[str, str]:
     the user's own code rather than saorl's wrapper. The location is the innermost frame of
     the user's code (neither saorl's, the standard library's nor an installed package's),
     else the innermost frame outside saorl, else the innermost one."""
-    chain, root = [exc], exc
+    chain = [exc]
+    root = exc
     while root.__cause__ is not None and len(chain) < 20:
         root = root.__cause__
         chain.append(root)

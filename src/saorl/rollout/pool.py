@@ -76,12 +76,15 @@ class WorkerPool:
     """Rollout workers in this process (threads), with engines built from the learner's policy."""
 
     def __init__(self, cfg: Config, tokenizer: Any, learner: PolicySource) -> None:
-        self.cfg, self.tokenizer, self.learner = cfg, tokenizer, learner
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.learner = learner
         self.sync = cfg.run.concurrency == "sync"
         self.workers: list[Any] = []
         self.out: queue.Queue[Trajectory] = queue.Queue()
         # Synchronous mode: engines are idle from the end of one `collect` to the next.
-        self._sync_idle_s, self._since_collect = 0.0, None
+        self._sync_idle_s = 0.0
+        self._since_collect = None
 
     def start(
         self,
@@ -90,7 +93,9 @@ class WorkerPool:
         resumed: dict[str, Any] | None,
         run_dir: Path | None = None,
     ) -> None:
-        self.spec, self.feed, self.run_dir = spec, feed, run_dir
+        self.spec = spec
+        self.feed = feed
+        self.run_dir = run_dir
         self.limits = agent_limits(self.cfg, spec)
         # Seeded by the step the run starts at, so a resumed run does not replay the streams
         # of the first one.

@@ -67,7 +67,8 @@ def check_prompts(cfg: Config, spec: EnvSpec, tokenizer: Any) -> None:
     prompts = _prompts(spec, tokenizer)
     if not prompts:
         return
-    limit, new = cfg.model.max_seq_len, cfg.rollout.max_new_tokens
+    limit = cfg.model.max_seq_len
+    new = cfg.rollout.max_new_tokens
     key, ids, _ = max(prompts, key=lambda p: len(p[1]))
     over = [p for p in prompts if len(p[1]) >= limit]
     need = f"model.max_seq_len={len(ids) + new} (the prompt + rollout.max_new_tokens={new})"

@@ -94,7 +94,8 @@ def restore_rollouts(
             "are drawn instead",
             file=sys.stderr,
         )
-        finished, in_flight = [], []
+        finished = []
+        in_flight = []
         feed_state = {k: v for k, v in state.items() if k != "feed_group"}
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(
@@ -139,7 +140,8 @@ class _TaskRefs:
     def decode(self, item: Any) -> Any:
         if not (isinstance(item, dict) and _REF in item):
             return item
-        i, key = item[_REF], item["key"]
+        i = item[_REF]
+        key = item["key"]
         if not isinstance(i, int) or not 0 <= i < len(self.train):
             raise _StaleTaskError(f"training task {i} of {len(self.train)} is gone")
         task = self.train[i]

@@ -29,7 +29,8 @@ def policy_updates(cfg: Config, steps: int | None = None) -> int:
 
 def warn_short_run(cfg: Config) -> str | None:
     """The warning (printed to stderr) for a run whose budget is mostly critic-only, else None."""
-    total, warm = cfg.run.total_steps, critic_only_steps(cfg)
+    total = cfg.run.total_steps
+    warm = critic_only_steps(cfg)
     updates = total - warm
     if warm == 0 or updates * 2 > total:
         return None

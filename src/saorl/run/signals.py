@@ -127,7 +127,8 @@ class StopSignals:
 def stopped_message(summary: dict[str, Any]) -> str:
     """What `saorl train` prints after a run stopped by a signal: where, and how to go on."""
     run_dir = str(summary.get("run_dir", "RUN_DIR"))
-    steps, saved = summary.get("steps"), summary.get("checkpoint")
+    steps = summary.get("steps")
+    saved = summary.get("checkpoint")
     where = f"checkpoint {saved}" if saved else "no checkpoint"
     launcher = "torchrun --nproc_per_node N -m saorl" if "LOCAL_RANK" in os.environ else "saorl"
     return (

@@ -85,7 +85,8 @@ class ExecResult:
         """The text a model sees: stdout, then stderr, then a status line unless "ok"; about
         `max_chars` in all, each stream middle-truncated so both its start and its end show."""
         status = f"[{self.status}: {self.reason}]" if self.status != "ok" else ""
-        out, err = self.stdout.rstrip("\n"), self.stderr.rstrip("\n")
+        out = self.stdout.rstrip("\n")
+        err = self.stderr.rstrip("\n")
         budget = max(max_chars - len(status) - 12, 0)
         err_budget = min(len(err), max(budget // 2, budget - len(out)))
         parts = []
@@ -120,7 +121,8 @@ def _rlimits(limits: Limits) -> tuple[tuple[int, int, int], ...]:
     out = []
     for res, soft_f, hard_f in wanted:
         # setrlimit takes integers only; a float limit (cpu_s=2.5) rounds up.
-        soft, hard = math.ceil(soft_f), math.ceil(hard_f)
+        soft = math.ceil(soft_f)
+        hard = math.ceil(hard_f)
         cur_hard = resource.getrlimit(res)[1]
         if cur_hard != resource.RLIM_INFINITY:
             soft, hard = min(soft, cur_hard), min(hard, cur_hard)
@@ -183,7 +185,8 @@ def execute(
     Cleanup runs in reverse order of setup whatever happens (timeouts, KeyboardInterrupt):
     kill the tree, reap bwrap, remove the cgroups, close the memfds.
     """
-    out, err = HeadTail(limits.output_bytes), HeadTail(limits.output_bytes)
+    out = HeadTail(limits.output_bytes)
+    err = HeadTail(limits.output_bytes)
     with ExitStack() as cleanup:
         fds = {name: _memfd(name, data) for name, data in (files or {}).items()}
         for fd in fds.values():
@@ -205,7 +208,8 @@ def execute(
                 cwd,
                 links,
             )
-            cwd, env = None, {}
+            cwd = None
+            env = {}
         else:
             assert host_dir is not None, "the fallback needs a host work dir"
             env = {**sandbox_env(str(host_dir), str(host_dir)), **(env or {})}

@@ -92,7 +92,8 @@ def set_max_concurrency(n: int) -> None:
     if n < 1:
         raise ValueError(f"max concurrency must be >= 1, got {n}")
     with _slots_lock:
-        _max_concurrency, _slots = n, threading.BoundedSemaphore(n)
+        _max_concurrency = n
+        _slots = threading.BoundedSemaphore(n)
 
 
 def _get_slots() -> threading.BoundedSemaphore:
@@ -297,7 +298,8 @@ def _detect() -> Probe:
     probe = Probe(bwrap, version, None, CgroupSupport())  # bwrap alone, no cgroups yet
     # A real sandboxed interpreter start: proves the namespaces and every mount work here.
     try:
-        argv, files = [sys.executable, "main.py"], {"main.py": b""}
+        argv = [sys.executable, "main.py"]
+        files = {"main.py": b""}
         result = execute(argv, None, Limits(wall_s=30), None, "bwrap", probe, files)
     except SandboxError as exc:
         return Probe(bwrap, version, str(exc), cgroups)

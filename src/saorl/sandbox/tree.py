@@ -166,7 +166,8 @@ def read_at(entry: Entry, limit: int) -> bytes:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"{entry.rel}: not a regular file")
-        chunks, left = [], limit
+        chunks = []
+        left = limit
         while left > 0 and (chunk := os.read(fd, min(left, 1 << 20))):
             chunks.append(chunk)
             left -= len(chunk)

@@ -37,7 +37,8 @@ def python_argv(code: str, *args: str, python: str | None = None) -> list[str]:
     process's import path; another `python` (a venv of its own) keeps its own path, saorl's
     folder put first."""
     if python in (None, sys.executable):
-        python, boot = sys.executable, f"import sys; sys.path[:] = {import_path()!r}"
+        python = sys.executable
+        boot = f"import sys; sys.path[:] = {import_path()!r}"
     else:
         boot = f"import sys; sys.path.insert(0, {SAORL_ROOT!r})"
     return [python, "-I", "-c", f"{boot}\n{code}", *args]

@@ -322,11 +322,14 @@ def load_preset(
         )
     preset = DATASET_PRESETS[name]
     if data_root is not None:
-        root, source = Path(data_root), "data_root"
+        root = Path(data_root)
+        source = "data_root"
     elif os.environ.get("SAORL_DATA"):
-        root, source = Path(os.environ["SAORL_DATA"]), "$SAORL_DATA"
+        root = Path(os.environ["SAORL_DATA"])
+        source = "$SAORL_DATA"
     else:
-        root, source = PACKAGED_DATA, "the packaged copies"
+        root = PACKAGED_DATA
+        source = "the packaged copies"
     if not root.is_dir():
         raise DatasetNotFoundError(
             f"data root {root} ({source}) is not a directory; pass data_root or set SAORL_DATA"

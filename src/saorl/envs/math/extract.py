@@ -32,7 +32,8 @@ import re
 
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _BRACE_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # an escaped character is content
-_NEAR_CHARS, _SEPARATED_CHARS = 10, 70
+_NEAR_CHARS = 10
+_SEPARATED_CHARS = 70
 _BOX_SEPARATOR_RE = re.compile(r"\b(?:and|or)\b|,|;")
 # math-verify's join between two environments (`\s*(?:,?and|,?or|,)\s*`), matched backwards
 # from an environment's opening: the text before it ends with this.

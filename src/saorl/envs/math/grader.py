@@ -100,7 +100,8 @@ _NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d+)?|\.\d+)")
 
 def _fast_verdict(answer: str, reference: str) -> float | None:
     """1.0 / 0.0 when decidable without sympy, else None."""
-    a, r = normalize_answer(answer), normalize_answer(reference)
+    a = normalize_answer(answer)
+    r = normalize_answer(reference)
     if a == r:
         return 1.0
     unions = not is_set_valued(r)

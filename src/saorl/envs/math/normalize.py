@@ -145,7 +145,8 @@ def count_alternatives(answer: str, unions: bool = True) -> int:
     items = depth = bars = double_bars = 0
     filled = False  # the current item has content
     arguments: list[bool] = []  # per open `{`: a macro's argument (structure) or a bare group
-    previous, previous_end = "", -1
+    previous = ""
+    previous_end = -1
     for match in _HEDGE_TOKEN_RE.finditer(s):
         token = match[0]
         if token.isspace():
@@ -183,7 +184,8 @@ def count_alternatives(answer: str, unions: bool = True) -> int:
             double_bars += 1
         else:
             filled = True
-        previous, previous_end = token, match.end()
+        previous = token
+        previous_end = match.end()
     # Bars pair up around an absolute value (norm); an odd one out separates, as in `1 | 2`.
     return items + filled + bars % 2 + double_bars % 2
 

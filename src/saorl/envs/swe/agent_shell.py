@@ -60,7 +60,8 @@ class AgentWorkspace:
     `env_vars` in the program's environment; `await grade()` once the program is done."""
 
     def __init__(self, env: SweEnv, task: SweTask) -> None:
-        self.env, self.task = env, task
+        self.env = env
+        self.task = task
         self.dir: Path | None = None
         self.server: asyncio.AbstractServer | None = None
         self.commands = 0

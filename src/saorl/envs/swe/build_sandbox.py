@@ -89,7 +89,10 @@ def checked_env(data: Any, envdir: Path) -> TaskEnv | None:
     import roots that are plain relative paths inside the repository, plugin names of
     plain characters; else None (a cache and a build's answer are data)."""
     try:
-        venv, roots, plugins, key = data["venv"], data["roots"], data["plugins"], data["key"]
+        venv = data["venv"]
+        roots = data["roots"]
+        plugins = data["plugins"]
+        key = data["key"]
     except (KeyError, TypeError):
         return None
     ok = (

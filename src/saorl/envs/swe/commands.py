@@ -144,7 +144,8 @@ def _mine(args: argparse.Namespace, swe: SweConfig) -> int:
     from saorl.envs.swe.grading import check_pytest
     from saorl.envs.swe.mine import MineOptions, default_jobs, mine
 
-    out, checkout = Path(args.out), Path(args.checkout).expanduser()
+    out = Path(args.out)
+    checkout = Path(args.checkout).expanduser()
     if out.is_dir():
         raise ConfigError(f"--out {out} is a directory; give the .jsonl file to append to")
     check_pytest()

@@ -120,7 +120,10 @@ class SweEnv:
         self._base_bytes: int | None = None
 
     async def reset(self, task: SweTask) -> list[Message]:
-        self.task, self.turns, self.calls, self.tool_counts = task, 0, 0, {}
+        self.task = task
+        self.turns = 0
+        self.calls = 0
+        self.tool_counts = {}
         return [{"role": "user", "content": instructions(self.fmt) + task.prompt}]
 
     def _workdir(self) -> Path:

@@ -368,7 +368,8 @@ def run_packed(
             continue
         try:
             rec = json.loads(line[len(prefix) :])
-            test_id, status = str(rec["id"]), str(rec["status"])
+            test_id = str(rec["id"])
+            status = str(rec["status"])
         except (ValueError, KeyError, TypeError):
             continue
         statuses.setdefault(test_id, status)
@@ -468,7 +469,8 @@ def grade(
     disk_bytes: int = GRADE_DISK_BYTES,
 ) -> GradeResult:
     """Grade `changes` against `task` (a `SweTask`); see the module docstring."""
-    f2p, p2p = list(task.fail_to_pass), list(task.pass_to_pass)
+    f2p = list(task.fail_to_pass)
+    p2p = list(task.pass_to_pass)
     runs = run_task_tests(
         task,
         changes,

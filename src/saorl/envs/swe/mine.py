@@ -121,7 +121,9 @@ def split_changes(repo: Path, commit: str) -> tuple[list[str], list[str]] | None
         parents[0],
         commit,
     )
-    code, tests, touched_tests = [], [], False
+    code = []
+    tests = []
+    touched_tests = False
     for line in status.splitlines():
         kind, _, path = line.partition("\t")
         if is_test_file(path):
@@ -233,7 +235,8 @@ def _run_and_validate(
         if isinstance(run, str):
             return Outcome(commit, None, f"the tests could not run: {run}")
     assert isinstance(before, TestRun) and isinstance(after, TestRun)
-    passed_after, passed_before = _passing(after), _passing(before)
+    passed_after = _passing(after)
+    passed_before = _passing(before)
     f2p = sorted(passed_after - passed_before)
     if not f2p:
         return Outcome(

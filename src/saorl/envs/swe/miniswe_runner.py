@@ -87,7 +87,8 @@ def shell_environment() -> type:
 
 
 def saorl_settings() -> dict:
-    key, base_url = os.environ["OPENAI_API_KEY"], os.environ["OPENAI_BASE_URL"]
+    key = os.environ["OPENAI_API_KEY"]
+    base_url = os.environ["OPENAI_BASE_URL"]
     return {
         "model": {
             "model_name": "openai/" + os.environ.get("OPENAI_MODEL", "policy"),

@@ -55,7 +55,8 @@ def add_canaries(work: Path, ids: Sequence[str], n: int = 4) -> dict[str, str]:
         name = f"{base}_{rng.choice(CANARY_WORDS)}_{rng.randrange(2, 99)}"
         if name.encode() in text or f"{rel}::{name}" in out:
             continue
-        a, b = rng.randrange(1, 1000), rng.randrange(1, 1000)
+        a = rng.randrange(1, 1000)
+        b = rng.randrange(1, 1000)
         fails = i % 2 == 1
         code += f"\n\ndef {name}():\n    assert {a} + {b} == {a + b + fails}\n"
         out[f"{rel}::{name}"] = "failed" if fails else "passed"

@@ -50,7 +50,8 @@ def replace_once(text: str, old: str, new: str, path: str) -> tuple[str, str]:
             "whitespace and indentation included"
         )
     if count > 1:
-        lines, at = [], -1
+        lines = []
+        at = -1
         for _ in range(min(count, 10)):
             at = text.find(old, at + 1)
             lines.append(str(text.count("\n", 0, at) + 1))
@@ -174,7 +175,9 @@ def create(root: str, path: object, content: object) -> str:
 
 def main() -> int:
     spec = json.loads(sys.stdin.read())
-    tool, args, root = spec["tool"], spec["args"], os.getcwd()
+    tool = spec["tool"]
+    args = spec["args"]
+    root = os.getcwd()
     try:
         if tool == "view":
             out = view(root, args.get("path"), args.get("start"), args.get("end"))

@@ -81,7 +81,8 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
         n_eval = min(cfg.eval_size, len(tasks))
         if held_out_only and "eval_size" not in cfg.model_fields_set:
             n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set
-        held_out, train = tasks[len(tasks) - n_eval :], tasks[: len(tasks) - n_eval]
+        held_out = tasks[len(tasks) - n_eval :]
+        train = tasks[: len(tasks) - n_eval]
     else:
         raise ConfigError(f"env.swe.source: unknown source {cfg.swe.source!r}")
     runner = ToolRunner(cfg.swe.command_timeout_s, cfg.swe.max_output_chars)

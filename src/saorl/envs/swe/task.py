@@ -90,7 +90,8 @@ class TaskPool:
     """Training tasks sampled uniformly, and a disjoint held-out list."""
 
     def __init__(self, train: list[SweTask], held_out: list[SweTask]) -> None:
-        self.train, self.held_out = train, held_out
+        self.train = train
+        self.held_out = held_out
 
     def sample(self, rng: random.Random) -> SweTask:
         if not self.train:

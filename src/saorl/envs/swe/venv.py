@@ -145,7 +145,9 @@ def read_inputs(checkout: str, commit: str) -> dict[str, bytes]:
     proc = git(checkout, "cat-file", "--batch", input=spec, timeout=120)
     if proc.returncode != 0:
         raise EnvBuildError(f"git cat-file in {checkout} failed: {proc.stderr.decode()[-500:]}")
-    out, pos, files = proc.stdout, 0, {}
+    out = proc.stdout
+    pos = 0
+    files = {}
     for name in INPUTS:
         end = out.index(b"\n", pos)
         header, pos = out[pos:end].decode(errors="replace").split(), end + 1
@@ -176,7 +178,10 @@ def _group(groups: dict, name: str, seen: tuple[str, ...] = ()) -> list[str]:
 def _metadata(files: dict[str, bytes]) -> tuple[bool, list[str], dict, list[str]]:
     """(whether `pip install -e .` applies, the extras the metadata declares, the PEP 735
     dependency groups of pyproject.toml, the `deps` of tox.ini's `[testenv]`)."""
-    editable, declared, groups, tox_deps = "setup.py" in files, [], {}, []
+    editable = "setup.py" in files
+    declared = []
+    groups = {}
+    tox_deps = []
     if "pyproject.toml" in files:
         try:
             data = tomllib.loads(files["pyproject.toml"].decode("utf-8", errors="replace"))
@@ -357,7 +362,8 @@ def _build_steps(
 ) -> TaskEnv:
     from saorl.sandbox import Limits, run
 
-    venv, build = envdir / "venv", envdir / "build"
+    venv = envdir / "venv"
+    build = envdir / "build"
     _host_step(
         "python -m venv", [sys.executable, "-I", "-m", "venv", "--without-pip", str(venv)], log
     )
@@ -442,7 +448,8 @@ def attach_envs(
     import dataclasses
 
     built: dict[EnvSource, TaskEnv | str] = {}
-    kept, failed = [], []
+    kept = []
+    failed = []
     for task in tasks:
         if task.source is None:
             kept.append(task)

@@ -104,7 +104,8 @@ def detach(purelib: Path, build: str) -> None:
 
 
 def build(spec: dict[str, Any]) -> dict[str, Any]:
-    venv, clone = Path(spec["venv"]), Path(spec["build"])
+    venv = Path(spec["venv"])
+    clone = Path(spec["build"])
     python = str(venv / "bin" / "python")
     if spec["targets"]:
         pip = [python, "-m", "pip", "install", *spec["pip"], *spec["targets"]]
@@ -133,7 +134,8 @@ def main() -> int:
         result = build(spec)
         code = 0
     except (BuildError, OSError, ValueError, KeyError) as e:
-        result, code = {"error": str(e) or type(e).__name__}, 1
+        result = {"error": str(e) or type(e).__name__}
+        code = 1
     os.write(out, f"{spec['nonce']} {json.dumps(result)}\n".encode())
     return code
 

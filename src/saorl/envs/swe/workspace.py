@@ -237,7 +237,8 @@ def collect_changes(
     seen: set[str] = set()
     with closing(_entries(work)) as entries:
         for entry in entries:
-            rel, st = entry.rel, entry.st
+            rel = entry.rel
+            st = entry.st
             assert rel is not None
             seen.add(rel)
             if len(changes) > max_files:

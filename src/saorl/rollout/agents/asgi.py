@@ -96,7 +96,9 @@ class EndpointApp:
             check_body_size(int(headers.get("content-length") or 0), limit)
         except ValueError:
             raise ApiError(400, "bad Content-Length") from None
-        chunks, size, more = [], 0, True
+        chunks = []
+        size = 0
+        more = True
         while more:
             message = await receive()
             if message["type"] != "http.request":
@@ -178,7 +180,8 @@ class HttpServer:
             timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=1,  # for a request that came in as the server stops
         )
-        self.app, self.server = app, uvicorn.Server(config)
+        self.app = app
+        self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(
             target=asyncio.run, args=(self._serve(),), name="saorl-endpoint", daemon=True

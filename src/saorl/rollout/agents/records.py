@@ -117,7 +117,8 @@ class AgentSession:
         """`(ids, extends)`: the call's prompt ids and whether they extend the current segment."""
         self.codec.check_tools(tools)  # `tools=` the template cannot render: said once
         with self.lock:
-            last, n = self.last, len(self.last.messages) if self.last else 0
+            last = self.last
+            n = len(self.last.messages) if self.last else 0
             if (
                 last is not None
                 and self.segments

@@ -118,10 +118,12 @@ class AgentRuns:
         decoded together, as the in-process agent loop's turns are. Running rows keep decoding
         meanwhile; a held call waits about one step longer than it would have."""
         with self._open_lock:
-            first, last = self._first_queued, self._last_event
+            first = self._first_queued
+            last = self._last_event
             if first is None:
                 return True
-            now, step = time.monotonic(), self.worker.step_s
+            now = time.monotonic()
+            step = self.worker.step_s
             if (
                 self.between_calls() > 0
                 and now - last < step
@@ -153,7 +155,8 @@ class AgentRuns:
 
     def describe(self) -> str:
         """The oldest episode's age and what the programs' processes are doing."""
-        limit, now = self.worker.limits.env_timeout_s, time.monotonic()
+        limit = self.worker.limits.env_timeout_s
+        now = time.monotonic()
         ages = [now - (deadline - limit) for _, _, deadline in self.pending]
         text = f", the oldest for {max(ages):.0f} s" if ages else ""
         return text + (f"; {self.procs.status(self.worker._bg_loop)}" if self.procs else "")

@@ -84,10 +84,14 @@ class TrainingEndpoint:
         tool_format: str = "hermes",
         call_timeout_s: float = 600.0,
     ) -> None:
-        self.submit, self.tokenizer, self.context_len = submit, tokenizer, context_len
+        self.submit = submit
+        self.tokenizer = tokenizer
+        self.context_len = context_len
         self.body_limit = body_limit(context_len)  # bytes of a request body (wire.py)
         self.codec = ChatCodec(tokenizer)
-        self.models, self.tool_format, self.call_timeout_s = models, tool_format, call_timeout_s
+        self.models = models
+        self.tool_format = tool_format
+        self.call_timeout_s = call_timeout_s
         self.sessions: dict[str, AgentSession] = {}
         self._lock = threading.Lock()
         self._local: Any = None
@@ -154,7 +158,8 @@ class TrainingEndpoint:
         match = _ROUTE.match(path.split("?", 1)[0])
         if match is None:
             raise ApiError(404, f"no route {path!r}", code="not_found")
-        key, what = match.group("key"), match.group("what")
+        key = match.group("key")
+        what = match.group("what")
         if what == "v1/models":
             if method != "GET":
                 raise ApiError(405, "use GET for the model list")
@@ -198,7 +203,8 @@ class TrainingEndpoint:
 
     def finish(self, call: Call, c: Completion) -> Reply | dict[str, Any]:
         """Record the engine's turn for `call` and build its reply (a token call's: its body)."""
-        req, prompt = call.req, call.prompt
+        req = call.req
+        prompt = call.prompt
         if c.finish_reason == "aborted":
             raise ApiError(
                 503, "the engine aborted the call (the run is stopping)", kind="server_error"
@@ -316,7 +322,8 @@ class LocalTransport:
     not used."""
 
     def __init__(self, endpoint: TrainingEndpoint) -> None:
-        self.endpoint, self._httpx = endpoint, _httpx()
+        self.endpoint = endpoint
+        self._httpx = _httpx()
 
     async def handle_async_request(self, request: Any) -> Any:
         raw = await request.aread()
@@ -326,7 +333,8 @@ class LocalTransport:
             headers = {"Content-Type": "text/event-stream"}
             content = b"".join(answer.events)
         else:
-            headers, content = {"Content-Type": "application/json"}, json.dumps(answer.body)
+            headers = {"Content-Type": "application/json"}
+            content = json.dumps(answer.body)
         return self._httpx.Response(
             answer.status, headers=headers, content=content, request=request
         )

@@ -34,7 +34,10 @@ class ApiError(Exception):
         code: str | None = None,
     ) -> None:
         super().__init__(message)
-        self.status, self.message, self.kind, self.code = status, message, kind, code
+        self.status = status
+        self.message = message
+        self.kind = kind
+        self.code = code
 
     def body(self) -> dict[str, Any]:
         return {
@@ -146,7 +149,9 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
         body = text.strip().removeprefix("<|python_tag|>").strip()
         if not body.startswith("{"):
             return text, []
-        decoder, calls, pos = json.JSONDecoder(), [], 0
+        decoder = json.JSONDecoder()
+        calls = []
+        pos = 0
         while pos < len(body):
             try:
                 payload, pos = decoder.raw_decode(body, pos)
@@ -164,7 +169,9 @@ def parse_tool_calls(text: str, fmt: str) -> tuple[str, list[ToolCall]]:
             while pos < len(body) and body[pos] in " \t\r\n;":
                 pos += 1
         return "", calls
-    calls, kept, last = [], [], 0
+    calls = []
+    kept = []
+    last = 0
     for match in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
         call = call_from_payload(loads_lenient(match.group(1).strip()), "arguments")
         if isinstance(call, ToolCall):

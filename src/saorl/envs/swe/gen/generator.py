@@ -161,11 +161,13 @@ def _issue(cand: Candidate, bug: Mutation, run: TestRun, f2p: list[str]) -> str:
 
 def _edit(path: str, buggy: str, fixed: str) -> tuple[str, str, str]:
     """The gold fix as one str_replace: the differing lines, widened until `old` is unique."""
-    a, b = buggy.splitlines(keepends=True), fixed.splitlines(keepends=True)
+    a = buggy.splitlines(keepends=True)
+    b = fixed.splitlines(keepends=True)
     lo = 0
     while lo < min(len(a), len(b)) and a[lo] == b[lo]:
         lo += 1
-    hi_a, hi_b = len(a), len(b)
+    hi_a = len(a)
+    hi_b = len(b)
     while hi_a > lo and hi_b > lo and a[hi_a - 1] == b[hi_b - 1]:
         hi_a, hi_b = hi_a - 1, hi_b - 1
     while True:

@@ -249,7 +249,8 @@ def _remove(
     fld: str,
     idx: int | None,
 ) -> Mutation | None:
-    first, last = node.lineno, node.end_lineno  # type: ignore[attr-defined]
+    first = node.lineno  # type: ignore[attr-defined]
+    last = node.end_lineno
     assert idx is not None and last is not None
     end = _span(lines, node)[1]
     head = lines[first - 1][: node.col_offset]  # type: ignore[attr-defined]

@@ -28,6 +28,7 @@ def test_withdraw_overdraft():
 
 
 def test_transfer():
-    a, b = Account("ann", 10), Account("bob")
+    a = Account("ann", 10)
+    b = Account("bob")
     a.transfer(b, 4)
     assert (a.balance, b.balance) == (6, 4)

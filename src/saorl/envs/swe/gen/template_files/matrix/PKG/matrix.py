@@ -6,7 +6,9 @@ def transpose(rows):
 
 
 def matmul(a, b):
-    n, m, p = len(a), len(b), len(b[0])
+    n = len(a)
+    m = len(b)
+    p = len(b[0])
     out = [[0] * p for _ in range(n)]
     for i in range(n):
         for j in range(p):

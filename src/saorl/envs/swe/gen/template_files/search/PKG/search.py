@@ -2,7 +2,8 @@
 
 
 def binary_search(items, target):
-    lo, hi = 0, len(items) - 1
+    lo = 0
+    hi = len(items) - 1
     while lo <= hi:
         mid = (lo + hi) // 2
         if items[mid] == target:
@@ -15,7 +16,8 @@ def binary_search(items, target):
 
 
 def lower_bound(items, target):
-    lo, hi = 0, len(items)
+    lo = 0
+    hi = len(items)
     while lo < hi:
         mid = (lo + hi) // 2
         if items[mid] < target:

@@ -15,7 +15,8 @@ def word_count(text):
 
 def is_palindrome(text):
     letters = [c.lower() for c in text if c.isalnum()]
-    i, j = 0, len(letters) - 1
+    i = 0
+    j = len(letters) - 1
     while i < j:
         if letters[i] != letters[j]:
             return False
