@@ -179,37 +179,38 @@ def test_no_template_appends_observation_text(tok):
     assert plain.decode(traj.completion_ids, skip_special_tokens=True) == "calcout14"
 
 
-def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
+@dataclass(frozen=True)
+class _Problem:
+    prompt: str
+    answer: str
+    key: str = "p"
+
+
+def _run_math_tool(turns: list[str], problem: _Problem, fmt: str, stop: str, max_seq_len: int):
+    """One MathToolEnv episode in `fmt` through a real worker, the model's turns scripted;
+    returns the trajectory and the tokenizer."""
     from saorl.envs.math.tool import MathToolEnv
 
     plain = build_char_tokenizer(with_newlines=True)
 
-    @dataclass(frozen=True)
-    class P:
-        prompt: str = "What is 2**20?"
-        answer: str = "1048576"
-        key: str = "p"
-
     class OneTask:
         @staticmethod
         def sample(rng):
-            return P()
+            return problem
 
     def grader(response: str, reference: str) -> float:
         return float(f"\\boxed{{{reference}}}" in response)
 
-    turns = ["<python>print(2**20)</python>", "<python>print(1/0)</python>", "\\boxed{1048576}"]
-    engine = ScriptedEngine(plain, turns, eos=False)
     out: queue.Queue = queue.Queue()
     limits = AgentLimits(
-        max_seq_len=1024, max_new_tokens=64, max_turns=4, max_tool_calls=4, stop=("</python>",)
+        max_seq_len=max_seq_len, max_new_tokens=80, max_turns=5, max_tool_calls=4, stop=(stop,)
     )
     worker = RolloutWorker(
-        engine,
+        ScriptedEngine(plain, turns, eos=False),
         PromptFeed(OneTask(), random.Random(0), 1, 1),
         plain,
         out,
-        lambda: MathToolEnv(grader=grader),
+        lambda: MathToolEnv(fmt=fmt, grader=grader),
         limits,
     )
     worker.fill()
@@ -218,7 +219,13 @@ def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
         worker.step()  # sandbox calls run off-thread: keep stepping until the episode ends
         time.sleep(0.005)
     worker.stop_thread()
-    traj = out.get_nowait()
+    return out.get_nowait(), plain
+
+
+def test_math_tool_env_runs_code_in_the_sandbox_and_grades_the_answer():
+    turns = ["<python>print(2**20)</python>", "<python>print(1/0)</python>", "\\boxed{1048576}"]
+    problem = _Problem("What is 2**20?", "1048576")
+    traj, plain = _run_math_tool(turns, problem, "code", "</python>", 1024)
     assert traj.stop_reason == "answer", traj.info.get("error")
     assert traj.reward == 1.0
     assert traj.info["tool_calls"] == 2
@@ -236,21 +243,7 @@ def test_calls_the_env_cannot_run_are_counted_and_reported():
     """A malformed call and a call to an unknown tool count in `tool_calls_bad` (the run's
     `rollout/tool_calls_bad_frac`, the evaluation's `eval/tool_calls_bad_frac`); a call that
     runs does not, whatever its program prints."""
-    from saorl.envs.math.tool import MathToolEnv
     from saorl.evaluation.held_out import summarize
-
-    plain = build_char_tokenizer(with_newlines=True)
-
-    @dataclass(frozen=True)
-    class P:
-        prompt: str = "What is 1?"
-        answer: str = "1"
-        key: str = "p"
-
-    class OneTask:
-        @staticmethod
-        def sample(rng):
-            return P()
 
     turns = [
         "<tool_call>{not json</tool_call>",
@@ -258,25 +251,7 @@ def test_calls_the_env_cannot_run_are_counted_and_reported():
         '<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>',
         "\\boxed{1}",
     ]
-    out: queue.Queue = queue.Queue()
-    limits = AgentLimits(
-        max_seq_len=2048, max_new_tokens=80, max_turns=5, max_tool_calls=4, stop=("</tool_call>",)
-    )
-    worker = RolloutWorker(
-        ScriptedEngine(plain, turns, eos=False),
-        PromptFeed(OneTask(), random.Random(0), 1, 1),
-        plain,
-        out,
-        lambda: MathToolEnv(fmt="hermes", grader=lambda r, a: float(f"\\boxed{{{a}}}" in r)),
-        limits,
-    )
-    worker.fill()
-    deadline = time.monotonic() + 60
-    while out.empty() and time.monotonic() < deadline:
-        worker.step()
-        time.sleep(0.005)
-    worker.stop_thread()
-    traj = out.get_nowait()
+    traj, _ = _run_math_tool(turns, _Problem("What is 1?", "1"), "hermes", "</tool_call>", 2048)
     assert traj.stop_reason == "answer", traj.info.get("error")
     assert traj.info["tool_calls"] == 3
     assert traj.info["tool_calls_bad"] == 2
