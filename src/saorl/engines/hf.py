@@ -393,7 +393,7 @@ class HFEngine:
         still: list[_Running] = []
         done_slots: list[int] = []
         for r, tok, lp in zip(self._running, ids_l, logp_l, strict=True):
-            r.absorb((tok,), (lp,), self.version)
+            r.add(tok, lp, self.version)
             reason = self._finish_reason(r, tok)
             if reason is None:
                 still.append(r)

@@ -41,6 +41,12 @@ class Running:
     def ids(self) -> list[int]:
         return self.request.prompt_ids + self.tokens
 
+    def add(self, token_id: int, logprob: float, version: int) -> None:
+        """Append one sampled token (the in-process engine's per-token path)."""
+        self.tokens.append(token_id)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+
     def absorb(self, token_ids: Sequence[int], logprobs: Sequence[float], version: int) -> None:
         """Append sampled tokens; all of them were sampled under `version`."""
         self.tokens.extend(int(t) for t in token_ids)
