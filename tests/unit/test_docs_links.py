@@ -1,9 +1,12 @@
-"""Every relative link and image in README.md and docs/*.md points at a file that exists and, with
-an anchor, at a heading of that file (GitHub's anchor rules)."""
+"""Every relative link and image in README.md and docs/*.md points at a file that exists, that git
+does not ignore (an ignored file exists here but never reaches a clone) and, with an anchor, at a
+heading of that file (GitHub's anchor rules)."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -47,6 +50,16 @@ def anchors(path: Path) -> set[str]:
     return found
 
 
+def _ignored_by_git(path: Path) -> bool:
+    """True when this checkout's git ignores `path`; False outside a git checkout."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        return False
+    done = subprocess.run(
+        ["git", "-C", str(ROOT), "check-ignore", "-q", str(path)], capture_output=True, check=False
+    )
+    return done.returncode == 0
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page: Path) -> None:
     text = "\n".join(_prose(page))
@@ -60,6 +73,8 @@ def test_relative_links_resolve(page: Path) -> None:
         line = text.count("\n", 0, m.start()) + 1
         if not dest.exists():
             broken.append(f"line {line}: {target}: no such file")
+        elif _ignored_by_git(dest):
+            broken.append(f"line {line}: {target}: ignored by git, so missing from every clone")
         elif anchor and (dest.suffix != ".md" or anchor not in anchors(dest)):
             broken.append(f"line {line}: {target}: no heading #{anchor} in {dest.name}")
     assert not broken, f"{page.relative_to(ROOT)}: " + "; ".join(broken)
