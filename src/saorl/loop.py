@@ -37,7 +37,7 @@ from saorl.checkpoint.io import list_checkpoints, load_latest_checkpoint, save_s
 from saorl.checkpoint.shards import open_sharded
 from saorl.config import Config, ConfigError, config_to_toml
 from saorl.envs.base import EnvSpec
-from saorl.envs.factory import build_env
+from saorl.envs.factory import build_env, recorded_env
 from saorl.learner.critic_updater import concurrent_critic
 from saorl.learner.learner import NonFiniteError
 from saorl.models.loading import resolve_device
@@ -105,7 +105,8 @@ def _train(
         learner.restore(state)
         if learner.steps >= cfg.run.total_steps and (run_dir / "summary.json").is_file():
             return _complete(cfg, run_dir, learner.steps)  # a finished run: nothing changes
-    write_atomic(run_dir / "config.toml", config_to_toml(cfg))  # a refused resume leaves it be
+    saved = cfg.model_copy(update={"env": recorded_env(cfg.env, spec)})  # its held-out split
+    write_atomic(run_dir / "config.toml", config_to_toml(saved))  # a refused resume leaves it be
     if state is not None:
         print(
             f"saorl: resuming {run_dir} from step {learner.steps} "

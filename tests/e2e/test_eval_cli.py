@@ -112,7 +112,7 @@ def test_eval_a_model_directory_on_the_default_held_out_set(run_dir, tmp_path):
     proc = _eval(str(hf), "--k", "4", *FAST, "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     summary = _summary(out)
-    assert summary["problems"] == load_config().env.eval_size and summary["k"] == 4
+    assert summary["problems"] == load_config().env.held_out_count() and summary["k"] == 4
     rows = [json.loads(x) for x in out.read_text().splitlines()]
     assert all(len(r["samples"]) == 4 for r in rows)
     assert [r["key"] for r in rows] == [p.key for p in build_env(load_config().env).task.held_out]

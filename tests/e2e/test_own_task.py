@@ -143,3 +143,26 @@ def test_a_missing_column_is_reported_at_start_up(tmp_path: Path):
     assert "needs_column() requires difficulty" in run.stderr
     assert "columns: answer, prompt" in run.stderr
     assert not (tmp_path / "runs").exists()  # before any run directory is made
+
+
+def test_the_run_records_the_held_out_split_it_resolved(tmp_path: Path):
+    # env.eval_size unset: a tenth of the 16 rows (1) is held out. The run's config is not
+    # changed; its config.toml records the count, so `saorl eval RUN` splits the same way.
+    from saorl.api import eval_config
+    from saorl.envs.factory import build_env
+
+    data = _setup(tmp_path, verl=False)
+    unset = [a for a in TINY if not a.startswith("env.eval_size=")]
+    run = subprocess.run(
+        [sys.executable, "-m", "saorl", "train", f"env.dataset={data}", *unset],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-4000:]
+    saved = (tmp_path / "runs/r/config.toml").read_text()
+    assert "\neval_size = 1\n" in saved
+    cfg = eval_config(tmp_path / "runs/r", trust_remote_code=True)  # it names a data file
+    held_out = build_env(cfg.env, held_out_only=True).task.held_out
+    assert [p.answer for p in held_out] == ["30"]  # the file's last row, as in training

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from saorl.config import ConfigError, load_config
-from saorl.envs.factory import build_env
+from saorl.envs.factory import build_env, recorded_env
 from saorl.models.tokenizer import build_char_tokenizer
 from saorl.rollout.prompt_check import check_prompts
 
@@ -21,11 +21,12 @@ def _data(tmp_path: Path, rows: int, text: str = "What is {i} plus 1?") -> Path:
     return path
 
 
-def test_a_small_file_holds_out_a_tenth_and_records_it(tmp_path: Path) -> None:
+def test_a_small_file_holds_out_a_tenth_and_the_run_records_it(tmp_path: Path) -> None:
     cfg = load_config(None, ["env.name=math", f"env.dataset={_data(tmp_path, 30)}"])
     spec = build_env(cfg.env)
     assert (len(spec.task.train), len(spec.task.held_out)) == (27, 3)
-    assert cfg.env.eval_size == 3 and "eval_size" in cfg.env.model_fields_set  # config.toml
+    assert cfg.env.eval_size is None  # resolved where used, never written back
+    assert recorded_env(cfg.env, spec).eval_size == 3  # what the run's config.toml records
     cfg = load_config(
         None, ["env.name=math", f"env.dataset={_data(tmp_path, 30)}", "env.eval_size=30"]
     )
@@ -62,3 +63,17 @@ def test_newlines_on_the_built_in_model(tmp_path: Path, capsys) -> None:
     check_prompts(cfg, build_env(cfg.env), build_char_tokenizer(with_newlines=False))
     err = capsys.readouterr().err
     assert "reads as <unk> ('\\n')" in err and "model.builtin_newlines=true" in err
+
+
+def test_a_failed_run_folder_with_its_recorded_split_is_still_removed(tmp_path: Path) -> None:
+    from saorl.config import config_to_toml
+    from saorl.run.lock import remove_failed_run
+
+    cfg = load_config(None, ["env.name=math", "run.name=r", f"run.output_dir={tmp_path}"])
+    recorded = cfg.model_copy(update={"env": cfg.env.model_copy(update={"eval_size": 3})})
+    other = load_config(None, ["env.name=math", "run.name=r", "learner.lr=0.5"])
+    for name, saved in (("r", recorded), ("r-1", other)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.toml").write_text(config_to_toml(saved))
+    remove_failed_run(cfg, tmp_path, before=set())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r-1"]  # another run's is kept

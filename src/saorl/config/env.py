@@ -25,6 +25,8 @@ from saorl.config.references import (  # noqa: F401 (OBJECT_PREFIX, reference_ki
     reference_kind,
 )
 
+DEFAULT_EVAL_SIZE = 256  # held-out problems when env.eval_size is unset
+
 
 class EnvConfig(_Section):
     """The task environment."""
@@ -57,7 +59,12 @@ class EnvConfig(_Section):
         "{id = 'null'}}}",
     )
     num_digits: int = Field(2, ge=1, le=8, description="digits per operand of generated problems")
-    eval_size: int = Field(256, ge=1, description="held-out evaluation problems")
+    eval_size: int | None = Field(
+        None,
+        ge=1,
+        description="held-out evaluation problems; unset: 256, or a tenth of a small "
+        "env.dataset split by the run (at least 1), or all of a task file `saorl eval` reads",
+    )
     seed: int = Field(
         1234, description="task generator seed; the held-out split never overlaps training"
     )
@@ -174,6 +181,16 @@ class EnvConfig(_Section):
     reasoning_gym: ReasoningGymConfig = Field(
         default_factory=ReasoningGymConfig, description=ReasoningGymConfig.__doc__
     )
+
+    def held_out_count(self, rows: int | None = None) -> int:
+        """`eval_size` as set; unset, 256, or for `rows` rows split by the run a tenth of them
+        (at least 1, at most 256). Resolved where used, never written back: the run's
+        config.toml then omits it and `saorl eval` from it resolves the same split."""
+        if self.eval_size is not None:
+            return self.eval_size
+        if rows is None:
+            return DEFAULT_EVAL_SIZE
+        return min(DEFAULT_EVAL_SIZE, max(1, rows // 10))
 
     @field_validator("name")
     @classmethod

@@ -57,8 +57,9 @@ def build_env(
     needs: no training problems are required or made, a generated task's held-out set may take
     every problem there is, and a file of evaluation problems (`env.eval_dataset`, a
     SWE-bench `env.swe.tasks`) is taken whole unless the config sets `env.eval_size` (a run's
-    saved config.toml always does: its own held-out set). `run_dir`: the training run's folder,
-    where agent programs keep their own files (`saorl.envs.agent`); None outside a run."""
+    saved config.toml does: `recorded_env` writes its own held-out count there). `run_dir`: the
+    training run's folder, where agent programs keep their own files (`saorl.envs.agent`); None
+    outside a run."""
     spec = _build_env(cfg, held_out_only, run_dir)
     spec.step_timeout_s = cfg.step_timeout_s
     if cfg.reward_fns and cfg.name != "agent":  # agent programs apply them themselves
@@ -68,11 +69,26 @@ def build_env(
     return spec
 
 
+_SPLIT_BY_DATA = ("math", "swe", "verifiers")  # held-out counts that depend on the data
+
+
+def recorded_env(cfg: EnvConfig, spec: EnvSpec) -> EnvConfig:
+    """`cfg` as a run's config.toml records it: an unset `env.eval_size` of a built-in env whose
+    held-out count depends on its data set to the count `spec` holds out, so `saorl eval RUN`
+    and `--resume` split as the run did. A copy: the run's own config is never changed."""
+    family = cfg.agent.tasks if cfg.name == "agent" else cfg.name
+    if cfg.eval_size is not None or family not in _SPLIT_BY_DATA:
+        return cfg
+    return cfg.model_copy(update={"eval_size": len(spec.task.held_out)})
+
+
 def _build_env(cfg: EnvConfig, held_out_only: bool, run_dir: Path | None = None) -> EnvSpec:
     if cfg.name == "arithmetic":
         from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask
 
-        task = ArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed, train=not held_out_only)
+        task = ArithmeticTask(
+            cfg.num_digits, cfg.held_out_count(), cfg.seed, train=not held_out_only
+        )
         return EnvSpec(
             task,
             ArithmeticEnv,
@@ -84,7 +100,9 @@ def _build_env(cfg: EnvConfig, held_out_only: bool, run_dir: Path | None = None)
     elif cfg.name == "tool_arithmetic":
         from saorl.envs.tool_arithmetic import STOP, ToolArithmeticEnv, ToolArithmeticTask
 
-        task = ToolArithmeticTask(cfg.num_digits, cfg.eval_size, cfg.seed, train=not held_out_only)
+        task = ToolArithmeticTask(
+            cfg.num_digits, cfg.held_out_count(), cfg.seed, train=not held_out_only
+        )
         return EnvSpec(
             task,
             ToolArithmeticEnv,
@@ -98,12 +116,11 @@ def _build_env(cfg: EnvConfig, held_out_only: bool, run_dir: Path | None = None)
         from saorl.toolcalls import stop_strings
 
         if cfg.eval_dataset and held_out_only:
-            size = cfg.eval_size if "eval_size" in cfg.model_fields_set else None
             train = []
-            held_out = _load(cfg, "eval_dataset")[:size]
+            held_out = _load(cfg, "eval_dataset")[: cfg.eval_size]  # unset: all of it
         elif cfg.eval_dataset:
             train = _load(cfg, "dataset")
-            held_out = _load(cfg, "eval_dataset")[: cfg.eval_size]
+            held_out = _load(cfg, "eval_dataset")[: cfg.held_out_count()]
         else:
             problems = _load(cfg, "dataset")
             size = held_out_size(cfg, len(problems), need_train=not held_out_only)

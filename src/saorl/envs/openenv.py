@@ -384,7 +384,7 @@ def build_openenv_spec(cfg: EnvConfig, held_out_only: bool) -> EnvSpec:
     else:
         base = cfg.openenv.url.rstrip("/")
     return EnvSpec(
-        SeedTasks(cfg.seed, cfg.eval_size),
+        SeedTasks(cfg.seed, cfg.held_out_count()),
         lambda: OpenEnvEnv(
             base,
             fmt,

@@ -269,7 +269,11 @@ def build_rg_tasks(cfg: EnvConfig, held_out_only: bool = False) -> RGTasks:
     """The `RGTasks` of `env.reasoning_gym.datasets` and `env.args` (any env may use them)."""
     datasets = {name: dict(cfg.args.get(name, {})) for name in cfg.reasoning_gym.datasets}
     return RGTasks(
-        datasets, cfg.eval_size, cfg.seed, cfg.reasoning_gym.answer_format, train=not held_out_only
+        datasets,
+        cfg.held_out_count(),
+        cfg.seed,
+        cfg.reasoning_gym.answer_format,
+        train=not held_out_only,
     )
 
 

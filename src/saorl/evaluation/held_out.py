@@ -264,7 +264,7 @@ def run_eval(
     if env_cfg.name == "swe" and env_cfg.swe.source == "generated" and limit:
         # Generated tasks are made (and validated) on demand; the first N never depend on
         # how many follow, so only the ones evaluated are made.
-        env_cfg = env_cfg.model_copy(update={"eval_size": min(limit, env_cfg.eval_size)})
+        env_cfg = env_cfg.model_copy(update={"eval_size": min(limit, env_cfg.held_out_count())})
     spec = build_env(env_cfg, held_out_only=True)
     spec = dataclasses.replace(spec, make_env=template.wrap(spec.make_env))
     problems = list(spec.task.held_out)[: limit or None]

@@ -221,16 +221,12 @@ def _iter_saved(path: Path, name: str) -> Iterator[tuple[int, Any]]:
 
 
 def held_out_size(cfg: EnvConfig, rows: int, need_train: bool = True) -> int:
-    """How many of `env.dataset`'s last rows are held out for evaluation (no `env.eval_dataset`).
-
-    `env.eval_size` as set; left at its default, a tenth of a small file (at least 1, at most
-    the default), and the config records it so the run's config.toml (and `saorl eval` from it)
-    holds out the same rows."""
-    if "eval_size" not in cfg.model_fields_set:
-        cfg.eval_size = min(cfg.eval_size, max(1, rows // 10))
-    if need_train and cfg.eval_size >= rows:
+    """How many of `env.dataset`'s last rows are held out for evaluation (no `env.eval_dataset`):
+    `cfg.held_out_count(rows)`, checked to leave rows to train on."""
+    size = cfg.held_out_count(rows)
+    if need_train and size >= rows:
         raise ConfigError(
-            f"env.eval_size={cfg.eval_size} holds out every one of env.dataset's {rows} rows, "
+            f"env.eval_size={size} holds out every one of env.dataset's {rows} rows, "
             "leaving none to train on; lower env.eval_size or give env.eval_dataset"
         )
-    return cfg.eval_size
+    return size

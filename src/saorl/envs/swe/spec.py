@@ -66,7 +66,7 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
             )
 
         num_train = 0 if held_out_only else cfg.swe.num_tasks  # held-out tasks come first
-        held_out, train = generate_pool(cfg.seed, cfg.eval_size, num_train, cache)
+        held_out, train = generate_pool(cfg.seed, cfg.held_out_count(), num_train, cache)
     elif cfg.swe.source == "swebench":
         from saorl.envs.swe.swebench import load_swebench
         from saorl.envs.swe.validate import prepare_tasks
@@ -78,8 +78,8 @@ def build_swe_spec(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
         check_pytest()
         tasks = load_swebench(cfg.swe.tasks, cfg.swe.repos_root, cache)
         tasks = prepare_tasks(tasks, cfg.swe, cache)  # environments built, tasks validated
-        n_eval = min(cfg.eval_size, len(tasks))
-        if held_out_only and "eval_size" not in cfg.model_fields_set:
+        n_eval = min(cfg.held_out_count(), len(tasks))
+        if held_out_only and cfg.eval_size is None:
             n_eval = len(tasks)  # evaluating a task file: all of it unless eval_size is set
         held_out = tasks[len(tasks) - n_eval :]
         train = tasks[: len(tasks) - n_eval]
