@@ -62,6 +62,7 @@ class LearnerActor:
         self.learner: Any = None
         self.group: Any = None
         self.meta: Any = None
+        self._spec: Any = None  # the task, built here on first use (`env_spec`)
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port: where rank 0 hosts the learners' rendezvous."""
@@ -115,7 +116,7 @@ class LearnerActor:
     # -- saorl.interfaces.Learner, each answered with the counters after it ----------------------
     def env_spec(self) -> Any:
         """The task, built here from env.name (what the driver has may not unpickle here)."""
-        if getattr(self, "_spec", None) is None:
+        if self._spec is None:
             from saorl.envs.factory import build_env
 
             self._spec = build_env(self.cfg.env)

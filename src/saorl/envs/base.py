@@ -172,6 +172,35 @@ def room_of(env: Any) -> int | None:
     return env.room() if isinstance(env, HasRoom) else None
 
 
+@runtime_checkable
+class TaskSource(Protocol):
+    """`EnvSpec.task`: training tasks drawn by `sample(rng)` and the held-out ones."""
+
+    held_out: Sequence[Any]
+
+    def sample(self, rng: random.Random) -> Any: ...
+
+
+def is_task_source(obj: Any) -> bool:
+    """Whether `obj` has a callable `sample` and a `held_out` (`TaskSource`)."""
+    return isinstance(obj, TaskSource) and callable(obj.sample)
+
+
+@runtime_checkable
+class ListsTraining(Protocol):
+    """A task source whose training tasks are a list (`TaskList`, the built-in tasks): prompts
+    are checked and rewards matched against them, and a resumed run finds its tasks by index."""
+
+    train: list[Any]
+
+
+def training_list(task_source: Any) -> list[Any]:
+    """`task_source.train` where it declares one (`ListsTraining`), else []."""
+    if isinstance(task_source, ListsTraining) and isinstance(task_source.train, list):
+        return task_source.train
+    return []
+
+
 @dataclass(frozen=True)
 class EnvTraits:
     """What an environment declared of the optional protocols, read once where it is made."""

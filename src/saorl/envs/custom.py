@@ -40,7 +40,7 @@ from typing import Any
 
 from saorl.config import ConfigError, EnvConfig
 from saorl.config.env import OBJECT_PREFIX, reference_kind
-from saorl.envs.base import EnvSpec, HasDemo, HasStop, TaskList
+from saorl.envs.base import EnvSpec, HasDemo, HasStop, TaskList, is_task_source
 
 _FILE_MODULES: dict[str, str] = {}  # absolute file path -> its module's name in sys.modules
 _OBJECTS: dict[str, Any] = {}  # `python-object:` names -> the objects `register_object` named
@@ -196,7 +196,7 @@ def build_custom_env(cfg: EnvConfig, held_out_only: bool = False) -> EnvSpec:
             "EnvSpec, an Env class with a tasks() classmethod, or an EnvSpec"
         )
     task = spec.task
-    if not (callable(getattr(task, "sample", None)) and hasattr(task, "held_out")):
+    if not is_task_source(task):
         raise ConfigError(
             f"env.name {ref!r}: EnvSpec.task is a {type(task).__name__} without .sample(rng) "
             "and .held_out; use TaskList(train, held_out)"
@@ -222,7 +222,7 @@ def _spec_from_class(cls: type, cfg: EnvConfig) -> EnvSpec:
     got = _call(cls.tasks, cfg.args, f"env.name {ref!r}: {cls.__name__}.tasks()")  # type: ignore[attr-defined]
     if isinstance(got, tuple) and len(got) == 2:
         task: Any = TaskList(*got)
-    elif callable(getattr(got, "sample", None)) and hasattr(got, "held_out"):
+    elif is_task_source(got):
         task = got
     else:
         raise ConfigError(

@@ -61,6 +61,7 @@ from saorl.envs.base import (
     end_episode_of,
     room_of,
     tool_schemas,
+    training_list,
 )
 from saorl.envs.custom import load_reference
 
@@ -314,7 +315,7 @@ def with_reward_fns(spec: EnvSpec, cfg: EnvConfig) -> EnvSpec:
     """`spec` whose environments are scored by `env.reward_fns`, checked against a task of
     its dataset."""
     fns = load_reward_fns(cfg)
-    tasks = itertools.chain(getattr(spec.task, "train", ()), getattr(spec.task, "held_out", ()))
+    tasks = itertools.chain(training_list(spec.task), spec.task.held_out)
     sample = next(tasks, None)
     if sample is not None:
         check_reward_fns(fns, sample)

@@ -199,6 +199,7 @@ class CriticUpdater:
         self.fused = cfg.critic.updates_per_step > 0 and not stochastic_in_training(self.critic)
         self._prepared: tuple[Any, ...] | None = None
         self._pending: Future[CriticUpdate] | CriticUpdate | None = None
+        self._stream: Any = None  # CUDA: the critic's own stream, made on first use
 
     def new_optimizer(self) -> None:
         self.params = [p for p in self.critic.parameters() if p.requires_grad]
@@ -283,7 +284,7 @@ class CriticUpdater:
         if self.device.type == "cuda":
             # A stream of its own, so the GPU can overlap it with the policy's kernels; it
             # starts after what this thread queued (the values) on the device.
-            stream = self._stream = getattr(self, "_stream", None) or torch.cuda.Stream(self.device)
+            stream = self._stream = self._stream or torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
         self._pending = self._pool.submit(self._update_on, stream, *args)
 

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from saorl.config import Config, ConfigError
-from saorl.envs.base import EndsEpisodes, EnvSpec, task_key, tool_schemas
+from saorl.envs.base import EndsEpisodes, EnvSpec, task_key, tool_schemas, training_list
 from saorl.rollout.episode import ChatCodec
 
 SAMPLED = 8  # tasks of each split tokenized
@@ -28,8 +28,8 @@ def _prompts(spec: EnvSpec, tokenizer: Any) -> list[tuple[str, list[int], str]]:
     """(task key, prompt ids, prompt text) of up to SAMPLED tasks of each split."""
     codec = ChatCodec(tokenizer)
     tasks = [
-        *itertools.islice(getattr(spec.task, "train", ()), SAMPLED),
-        *list(getattr(spec.task, "held_out", ()))[:SAMPLED],
+        *training_list(spec.task)[:SAMPLED],
+        *itertools.islice(spec.task.held_out, SAMPLED),
     ]
     out = []
     for task in tasks:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from saorl.checkpoint.io import CheckpointError, unsafe_globals
-from saorl.envs.base import task_key
+from saorl.envs.base import task_key, training_list
 from saorl.rollout.worker import PromptFeed, RolloutWorker
 from saorl.types import Trajectory
 
@@ -125,8 +125,7 @@ class _TaskRefs:
     """
 
     def __init__(self, task_source: Any) -> None:
-        train = getattr(task_source, "train", None)
-        self.train: list[Any] = train if isinstance(train, list) else []
+        self.train = training_list(task_source)
         self._index: dict[int, int] | None = None
 
     def encode(self, task: Any) -> Any:
