@@ -98,7 +98,7 @@ from _common import machine, write_report  # benchmarks/_common.py (run as scrip
 from saorl.config import load_config
 from saorl.engines.factory import build_engine
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.envs.factory import build_env
 from saorl.loop import train_from_config
@@ -204,7 +204,9 @@ def _engine_and_requests(cfg: Any, requests: int) -> tuple[Any, Any, list[Genera
     model, tok = load_policy(cfg.model)
     rc = cfg.rollout
     engine = HFEngine(
-        model, tok, max_seq_len=cfg.model.max_seq_len, max_concurrent=rc.max_concurrent, seed=1
+        model,
+        tok,
+        EngineSettings(max_seq_len=cfg.model.max_seq_len, max_concurrent=rc.max_concurrent, seed=1),
     )
     task, rng = ArithmeticTask(), random.Random(0)
     draw = lognormal_lengths(rc.forced_length_median, rc.forced_length_sigma, cfg.run.seed + 99)

@@ -34,7 +34,7 @@ from _common import machine, write_report  # benchmarks/_common.py (run as scrip
 
 from saorl.config import load_config
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.models.loading import load_policy
 from saorl.rollout.lengths import lognormal_lengths
@@ -81,9 +81,7 @@ def run_hf_engine(model: Any, tok: Any, work: list, args: argparse.Namespace, kv
     engine = HFEngine(
         model,
         tok,
-        max_seq_len=args.cap + 32,
-        max_concurrent=args.concurrent,
-        seed=0,
+        EngineSettings(max_seq_len=args.cap + 32, max_concurrent=args.concurrent, seed=0),
         copy_model=False,
         kv_cache=kv,
     )

@@ -34,7 +34,7 @@ import torch
 from _common import machine, write_report  # benchmarks/_common.py (run as scripts)
 
 from saorl.config import load_config
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.lora import add_lora, merged_copy, merged_state, push_state, state_bytes
@@ -88,14 +88,13 @@ def build_engine(args: argparse.Namespace, policy: torch.nn.Module, tok: Any, ho
     if args.engine == "hf":
         from saorl.engines.hf import HFEngine
 
-        return HFEngine(policy, tok, max_seq_len=64, seed=0)
+        return HFEngine(policy, tok, EngineSettings(max_seq_len=64, seed=0))
     from saorl.engines.vllm import VLLMEngine
 
     return VLLMEngine.from_policy(
         policy,
         tok,
-        max_seq_len=64,
-        seed=0,
+        EngineSettings(max_seq_len=64, seed=0),
         enforce_eager=True,
         kv_cache_gib=0.25,
         lora_adapter=how == "adapter",

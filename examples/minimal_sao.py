@@ -44,7 +44,7 @@ from transformers import PreTrainedTokenizerBase, Qwen3Config, Qwen3ForCausalLM
 
 from saorl.advantages import length_adaptive_lambda, skip_observation_gae
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.envs.arithmetic import ArithmeticTask, Problem
 from saorl.learner.optim import adamw
 from saorl.learner.sft import encode_demos, sft_step
@@ -276,10 +276,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     engine = HFEngine(
         policy,
         tokenizer,
-        max_seq_len=MAX_SEQ_LEN,
-        temperature=args.temperature,
-        max_concurrent=max(args.batch_size, args.eval_size),
-        seed=args.seed,
+        EngineSettings(
+            max_seq_len=MAX_SEQ_LEN,
+            temperature=args.temperature,
+            max_concurrent=max(args.batch_size, args.eval_size),
+            seed=args.seed,
+        ),
         copy_model=False,
     )
     acc0 = greedy_accuracy(engine, tokenizer, task.held_out)

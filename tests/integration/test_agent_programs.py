@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import EngineSettings
 from saorl.envs.arithmetic import ArithmeticEnv, Problem
 from saorl.models.logprobs import sequence_logprobs
 from tests.integration._endpoint_harness import Recording, run_agents
@@ -25,7 +26,9 @@ openai = pytest.importorskip("openai")
 
 def test_tiny_model_record_equals_what_the_engine_sampled(tiny_policy):
     model, tok = tiny_policy  # char tokenizer, no chat template: messages are plain text
-    engine = Recording(HFEngine(model, tok, max_seq_len=64, temperature=1.0, max_concurrent=4))
+    engine = Recording(
+        HFEngine(model, tok, EngineSettings(max_seq_len=64, temperature=1.0, max_concurrent=4))
+    )
     replies: list = []
 
     async def agent(task, client):

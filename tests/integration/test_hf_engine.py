@@ -9,15 +9,15 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.models.logprobs import sequence_logprobs
 
 # Every engine test runs on both decoding paths: the KV cache and the re-encode reference.
 KV = pytest.mark.parametrize("kv_cache", [True, False], ids=["kv", "reencode"])
 
 
-def _engine(model, tok, **kw) -> HFEngine:
-    return HFEngine(model, tok, max_seq_len=32, **kw)
+def _engine(model, tok, *, kv_cache: bool = True, **settings) -> HFEngine:
+    return HFEngine(model, tok, EngineSettings(max_seq_len=32, **settings), kv_cache=kv_cache)
 
 
 def _requests(tok, prompts: list[str], n: int = 6, **kw) -> list[GenerationRequest]:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import Completion, GenerationRequest
+from saorl.engines.protocol import Completion, EngineSettings, GenerationRequest
 from saorl.models.loading import load_policy
 from saorl.models.logprobs import sequence_logprobs
 from saorl.models.routing import RoutingRecorder
@@ -42,16 +42,8 @@ def _new_state(model) -> dict[str, torch.Tensor]:
 def _run(model, tok, new_state, *, kv_cache: bool = True, **kw) -> tuple[HFEngine, list, list]:
     """Generate with a push after `PUSH_AT` steps; returns the engine, the completions and the
     row counts of the prefill forwards of the step that followed the push."""
-    engine = HFEngine(
-        model,
-        tok,
-        max_seq_len=400,
-        temperature=0.9,
-        max_concurrent=4,
-        seed=7,
-        kv_cache=kv_cache,
-        **kw,
-    )
+    settings = EngineSettings(max_seq_len=400, temperature=0.9, max_concurrent=4, seed=7)
+    engine = HFEngine(model, tok, settings, kv_cache=kv_cache, **kw)
     engine.eos_id = -1  # every row runs its whole budget, so every row spans the push
     forwards: list[int] = []
     prefill = engine._prefill

@@ -19,7 +19,7 @@ import torch
 
 from saorl.config import ConfigError
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.envs.factory import build_env
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
@@ -94,7 +94,7 @@ def test_pushed_weights_are_merged_and_the_engine_reproduces_the_learner():
     state = learner.policy_state()
     assert not any("lora" in k or "base_layer" in k for k in state)
     _, tok = load_policy(learner.cfg.model)
-    engine = HFEngine(learner.policy, tok, max_seq_len=32, seed=1)  # a merged copy
+    engine = HFEngine(learner.policy, tok, EngineSettings(max_seq_len=32, seed=1))  # a merged copy
     assert not any("lora" in k for k in engine.model.state_dict())
     engine.update_weights(state, version=3)  # the push: the engine's keys, merged values
     reqs = [

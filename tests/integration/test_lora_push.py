@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
@@ -61,7 +61,9 @@ def _generate_and_compare(engine: HFEngine, model: torch.nn.Module, tok, version
 def test_an_adapter_push_gives_the_engine_the_merged_weights_bit_for_bit():
     learner = _learner()
     _, tok = load_policy(learner.cfg.model)
-    engine = HFEngine(learner.policy, tok, max_seq_len=32, seed=1)  # copies the base once
+    engine = HFEngine(
+        learner.policy, tok, EngineSettings(max_seq_len=32, seed=1)
+    )  # copies the base once
     start = _engine_weights(engine)
     batch = _batch(learner.policy)
     for _ in range(3):
@@ -87,7 +89,7 @@ def test_a_whole_unmerged_push_replaces_the_base_and_later_adapters_merge_onto_i
     learner = _learner()
     other = _learner(seed=1)  # another base: what the actor's engine starts from
     _, tok = load_policy(learner.cfg.model)
-    engine = HFEngine(other.policy, tok, max_seq_len=32, seed=1)
+    engine = HFEngine(other.policy, tok, EngineSettings(max_seq_len=32, seed=1))
     batch = _batch(learner.policy)
     learner.step(batch)
     full = learner.push_state(full=True)
@@ -111,11 +113,11 @@ def test_a_whole_unmerged_push_replaces_the_base_and_later_adapters_merge_onto_i
 def test_adapter_pushes_are_checked():
     learner = _learner()
     _, tok = load_policy(learner.cfg.model)
-    engine = HFEngine(learner.policy, tok, max_seq_len=32, seed=1)
+    engine = HFEngine(learner.policy, tok, EngineSettings(max_seq_len=32, seed=1))
     adapters = learner.push_state()
     with pytest.raises(ValueError, match="not the engine's"):
         engine.update_weights(dict(list(adapters.items())[1:]), version=1)
-    plain = HFEngine(merged_copy(learner.policy), tok, max_seq_len=32, seed=1)
+    plain = HFEngine(merged_copy(learner.policy), tok, EngineSettings(max_seq_len=32, seed=1))
     with pytest.raises(ValueError, match="without them"):
         plain.update_weights(adapters, version=1)
 

@@ -20,7 +20,7 @@ import torch
 from saorl.checkpoint.io import load_state_file, save_checkpoint, unsafe_globals
 from saorl.config import ConfigError
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.learner.learner import Learner
 from saorl.loop import train_from_config
 from saorl.models.loading import load_policy
@@ -60,8 +60,7 @@ def _generate(policy, tok, dtype=torch.float32, kv_cache=True, n=16) -> list[Tra
     engine = HFEngine(
         copy.deepcopy(policy).to(dtype),
         tok,
-        max_seq_len=48,
-        seed=3,
+        EngineSettings(max_seq_len=48, seed=3),
         record_routing=True,
         kv_cache=kv_cache,
     )
@@ -250,7 +249,7 @@ def test_routing_replay_needs_a_supported_router(tiny_policy):
     from saorl.engines.vllm import VLLMEngine
 
     with pytest.raises(ConfigError, match="routing_replay"):
-        VLLMEngine.from_policy(policy, tok, max_seq_len=32, record_routing=True)
+        VLLMEngine.from_policy(policy, tok, EngineSettings(max_seq_len=32), record_routing=True)
     with pytest.raises(ConfigError, match="num_experts_per_tok"):
         tiny_config(*MOE, "model.num_experts_per_tok=9")
 

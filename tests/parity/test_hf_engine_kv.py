@@ -18,7 +18,7 @@ import copy
 import torch
 
 from saorl.engines.hf import HFEngine
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 
 PROMPTS = ["12+34=", "7+8=", "99+1=", "5+5=", "123+456=", "3+4=", "61+2="]
 
@@ -31,11 +31,7 @@ def _run(model, tok, kv_cache: bool, new_state: dict) -> list[tuple]:
     engine = HFEngine(
         model,
         tok,
-        max_seq_len=40,
-        temperature=0.8,
-        top_p=0.95,
-        max_concurrent=3,
-        seed=11,
+        EngineSettings(max_seq_len=40, temperature=0.8, top_p=0.95, max_concurrent=3, seed=11),
         kv_cache=kv_cache,
     )
     # r1 and r6 end on a stop string (r1 on a two-token one); r2 and r6 are greedy.
@@ -103,7 +99,9 @@ def test_kv_cache_engine_matches_reencode_with_many_joins(tiny_policy):
     ]
     outs = {}
     for kv_cache in (False, True):
-        engine = HFEngine(model, tok, max_seq_len=48, max_concurrent=5, seed=5, kv_cache=kv_cache)
+        engine = HFEngine(
+            model, tok, EngineSettings(max_seq_len=48, max_concurrent=5, seed=5), kv_cache=kv_cache
+        )
         outs[kv_cache] = engine.generate([copy.copy(r) for r in reqs])
     for a, b in zip(outs[False], outs[True], strict=True):
         assert (a.token_ids, a.finish_reason) == (b.token_ids, b.finish_reason)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from saorl.config import ConfigError
-from saorl.engines.protocol import GenerationRequest
+from saorl.engines.protocol import EngineSettings, GenerationRequest
 from saorl.engines.vllm import (
     VLLMEngine,
     choose_logprobs_mode,
@@ -91,12 +91,13 @@ class FakeLLM:
 
 def _engine(script: dict[str, list[int]], **kw) -> tuple[VLLMEngine, FakeLLM]:
     llm = FakeLLM(script)
+    settings = {k: kw.pop(k) for k in ("max_concurrent", "seed", "version") if k in kw}
     eng = VLLMEngine(
         llm,
         TOK,
+        EngineSettings(max_seq_len=kw.pop("max_seq_len", 32), **settings),
         make_params=lambda **p: p,
         make_prompt=lambda ids: ids,
-        max_seq_len=kw.pop("max_seq_len", 32),
         **kw,
     )
     return eng, llm
@@ -236,8 +237,8 @@ def test_tensor_parallel_engines_run_vllms_worker_processes(monkeypatch, tiny_po
 
     llm = WorkersLLM({"1": _ids("abcd")})
 
-    def fake_build_llm(model_dir, **kw):
-        built.update(kw)
+    def fake_build_llm(model_dir, settings, **kw):
+        built.update(kw, settings=settings)
         return llm, (lambda **p: p), (lambda ids: ids)
 
     def in_this_process(llm):

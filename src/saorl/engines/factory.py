@@ -11,7 +11,7 @@ from typing import Any
 from torch import nn
 
 from saorl.config import Config
-from saorl.engines.protocol import Engine
+from saorl.engines.protocol import Engine, EngineSettings
 
 
 def build_engine(
@@ -30,13 +30,15 @@ def build_engine(
     owns it); the vLLM engine always holds weights of its own. `max_concurrent`: instead of
     `rollout.max_concurrent`."""
     rc = cfg.rollout
-    common = dict(  # what every engine takes
+    settings = EngineSettings(
         max_seq_len=cfg.model.max_seq_len,
         temperature=rc.temperature,
         top_p=rc.top_p,
         max_concurrent=rc.max_concurrent if max_concurrent is None else max_concurrent,
         seed=seed,
         version=version,
+    )
+    common = dict(  # what every backend takes besides
         record_routing=cfg.algorithm.routing_replay,
         lora_adapter=cfg.model.lora_push == "adapter",
     )
@@ -44,7 +46,12 @@ def build_engine(
         from saorl.engines.hf import HFEngine
 
         return HFEngine(
-            policy, tokenizer, kv_cache=rc.kv_cache, copy_model=not share_model, **common
+            policy,
+            tokenizer,
+            settings,
+            kv_cache=rc.kv_cache,
+            copy_model=not share_model,
+            **common,
         )
     elif rc.engine == "vllm":
         from saorl.engines.vllm import VLLMEngine
@@ -52,6 +59,7 @@ def build_engine(
         return VLLMEngine.from_policy(
             policy,
             tokenizer,
+            settings,
             dtype=cfg.model.dtype,
             gpu_memory_utilization=rc.vllm_gpu_memory_utilization,
             kv_cache_gib=rc.vllm_kv_cache_gib,

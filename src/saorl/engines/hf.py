@@ -66,7 +66,12 @@ from transformers.cache_utils import DynamicCache
 
 from saorl.engines.kv_slots import SlotCache
 from saorl.engines.prefill_plan import plan_prefill
-from saorl.engines.protocol import Completion, GenerationRequest, run_to_completion
+from saorl.engines.protocol import (
+    Completion,
+    EngineSettings,
+    GenerationRequest,
+    run_to_completion,
+)
 from saorl.engines.requests import Running, abort_running, check_fits, token_budget
 from saorl.models.lora import AdapterMerger, has_lora, is_adapter_key, merged_copy
 from saorl.models.routing import RoutingRecorder
@@ -90,13 +95,8 @@ class HFEngine:
         self,
         model: nn.Module,
         tokenizer: Any,
+        settings: EngineSettings,
         *,
-        max_seq_len: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_concurrent: int = 64,
-        seed: int = 0,
-        version: int = 0,
         copy_model: bool = True,
         kv_cache: bool = True,
         record_routing: bool = False,
@@ -118,14 +118,14 @@ class HFEngine:
         self.tokenizer = tokenizer
         self.eos_id = tokenizer.eos_token_id
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.max_seq_len = max_seq_len
-        self.temperature = temperature
-        self.top_p = top_p
-        self.max_concurrent = max_concurrent
-        self.version = version
+        self.max_seq_len = settings.max_seq_len
+        self.temperature = settings.temperature
+        self.top_p = settings.top_p
+        self.max_concurrent = settings.max_concurrent
+        self.version = settings.version
         self.kv_cache = kv_cache
         self.device = next(self.model.parameters()).device
-        self.generator = torch.Generator(device=self.device).manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(settings.seed)
         self._queue: deque[GenerationRequest] = deque()
         self._running: list[_Running] = []
         self._lock = threading.Lock()
@@ -133,7 +133,7 @@ class HFEngine:
         self._pending: tuple[dict[str, torch.Tensor], int] | None = None
         self._keys = set(self.model.state_dict())
         # Rows with a cache live in slots 0..n-1 of `_kv`; `_slot_rows[s]` is the row in slot s.
-        self._kv = SlotCache(max_concurrent, self.device)
+        self._kv = SlotCache(settings.max_concurrent, self.device)
         self._slot_rows: list[_Running] = []
         # sdpa and eager attention take a ready 4-D mask; other kernels get the 2-D one.
         attn = getattr(self.model.config, "_attn_implementation", None)

@@ -16,6 +16,19 @@ if TYPE_CHECKING:
 FinishReason = Literal["eos", "stop", "length", "aborted"]
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """What every engine is built with, whatever its backend (`build_engine` fills it from
+    `model.max_seq_len` and `[rollout]`)."""
+
+    max_seq_len: int  # the context: prompt + completion tokens
+    temperature: float = 1.0  # the sampling distribution softmax(logits / T)
+    top_p: float = 1.0
+    max_concurrent: int = 64  # sequences decoded together
+    seed: int = 0  # the sampler's seed; each request's is derived from it
+    version: int = 0  # the policy version of the weights the engine starts with
+
+
 @dataclass
 class GenerationRequest:
     """One prompt to continue. `max_new_tokens` is clamped to the model's context by the engine."""

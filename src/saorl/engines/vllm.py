@@ -55,7 +55,12 @@ import numpy as np
 import torch
 
 from saorl.engines import vllm_moe
-from saorl.engines.protocol import Completion, GenerationRequest, run_to_completion
+from saorl.engines.protocol import (
+    Completion,
+    EngineSettings,
+    GenerationRequest,
+    run_to_completion,
+)
 from saorl.engines.requests import Running, abort_running, check_fits, token_budget
 from saorl.engines.vllm_lora import VLLMAdapter, split_push
 from saorl.engines.vllm_outputs import (
@@ -101,13 +106,10 @@ class VLLMEngine:
         self,
         llm: Any,
         tokenizer: Any,
+        settings: EngineSettings,
         *,
         make_params: Any,
         make_prompt: Any,
-        max_seq_len: int,
-        max_concurrent: int = 64,
-        seed: int = 0,
-        version: int = 0,
         recompute_kv: bool = True,
         workdir: Path | None = None,
         routing: vllm_moe.VLLMRoutingRecorder | None = None,
@@ -123,10 +125,10 @@ class VLLMEngine:
         self.eos_id = tokenizer.eos_token_id
         self._make_params = make_params
         self._make_prompt = make_prompt
-        self.max_seq_len = max_seq_len
-        self.max_concurrent = max_concurrent
-        self.seed = seed
-        self.version = version
+        self.max_seq_len = settings.max_seq_len
+        self.max_concurrent = settings.max_concurrent
+        self.seed = settings.seed
+        self.version = settings.version
         self.recompute_kv = recompute_kv
         self._workdir = workdir
         self._running: dict[str, _Running] = {}
@@ -144,13 +146,8 @@ class VLLMEngine:
         cls,
         policy: torch.nn.Module,
         tokenizer: Any,
+        settings: EngineSettings,
         *,
-        max_seq_len: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        max_concurrent: int = 64,
-        seed: int = 0,
-        version: int = 0,
         dtype: str = "float32",
         gpu_memory_utilization: float = 0.9,
         kv_cache_gib: float = 0.0,
@@ -164,7 +161,7 @@ class VLLMEngine:
         """A vLLM engine sampling from the weights of `policy` (a Hugging Face causal LM);
         `record_routing`: completions carry the MoE routing (`saorl.engines.vllm_moe`);
         `lora_adapter`: a LoRA policy's adapter served by vLLM's LoRA support, else merged."""
-        mode = choose_logprobs_mode(temperature, top_p)
+        mode = choose_logprobs_mode(settings.temperature, settings.top_p)
         if tensor_parallel_size > 1 and record_routing:  # (the config refuses it first)
             raise ValueError("routing replay needs the model in this process: no TP > 1")
         if record_routing:
@@ -181,11 +178,7 @@ class VLLMEngine:
             adapter = VLLMAdapter(policy, workdir) if lora_adapter and has_lora(policy) else None
             llm, make_params, make_prompt = build_llm(
                 workdir,
-                max_seq_len=max_seq_len,
-                temperature=temperature,
-                top_p=top_p,
-                max_concurrent=max_concurrent,
-                seed=seed,
+                settings,
                 dtype=dtype,
                 logprobs_mode=mode,
                 gpu_memory_utilization=gpu_memory_utilization,
@@ -207,12 +200,9 @@ class VLLMEngine:
         engine = cls(
             llm,
             tokenizer,
+            settings,
             make_params=make_params,
             make_prompt=make_prompt,
-            max_seq_len=max_seq_len,
-            max_concurrent=max_concurrent,
-            seed=seed,
-            version=version,
             recompute_kv=recompute_kv,
             workdir=workdir,
             routing=recorder,
@@ -229,7 +219,7 @@ class VLLMEngine:
                 "(saorl.engines.vllm_moe); use tensor_parallel_size 1"
             )
         state = policy.state_dict()  # with an adapter: base and adapter, unmerged
-        engine.update_weights(state if adapter else merged_state(state, policy), version)
+        engine.update_weights(state if adapter else merged_state(state, policy), settings.version)
         return engine
 
     def _same_threads_here(self) -> None:
@@ -398,12 +388,8 @@ def _on_cpu() -> bool:
 
 def build_llm(
     model_dir: Path,
+    settings: EngineSettings,
     *,
-    max_seq_len: int,
-    temperature: float,
-    top_p: float,
-    max_concurrent: int,
-    seed: int,
     dtype: str,
     logprobs_mode: str,
     gpu_memory_utilization: float,
@@ -436,9 +422,9 @@ def build_llm(
         skip_tokenizer_init=True,
         load_format="dummy",  # weights come through update_weights
         dtype=dtype,
-        max_model_len=max_seq_len,
-        max_num_seqs=max_concurrent,
-        seed=seed,
+        max_model_len=settings.max_seq_len,
+        max_num_seqs=settings.max_concurrent,
+        seed=settings.seed,
         logprobs_mode=logprobs_mode,
         gpu_memory_utilization=gpu_memory_utilization,
         kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib > 0 else None,
@@ -480,8 +466,8 @@ def build_llm(
             # min_tokens masks EOS before the logits are recorded: with processed log-probs the
             # recorded values are then of the EOS-masked softmax (benchmarks only use it).
             min_tokens=min_tokens,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
+            temperature=0.0 if greedy else settings.temperature,
+            top_p=1.0 if greedy else settings.top_p,
             logprobs=0,  # the sampled token's log-prob only
             detokenize=False,
             stop_token_ids=[eos_id] if eos_id is not None else None,
