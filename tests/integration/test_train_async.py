@@ -86,8 +86,11 @@ def test_async_steps_train_every_trainable_parameter(tmp_path, varied_reward, co
 
 def test_second_run_with_the_same_name_gets_its_own_directory(tmp_path, capsys):
     cfg = tiny_config(f"run.output_dir={tmp_path}", "run.total_steps=1", "run.eval_every=0")
+    before = cfg.model_dump(), {s: getattr(cfg, s).model_fields_set for s in type(cfg).model_fields}
     first = train_from_config(cfg)
     second = train_from_config(cfg)
+    # A run never writes to its config (docs/design.md section 4, rule 4).
+    assert (cfg.model_dump(), {s: getattr(cfg, s).model_fields_set for s in before[1]}) == before
     assert first["run_dir"] == str(tmp_path / "default")
     assert second["run_dir"] == str(tmp_path / "default-1")
     assert "--resume" in capsys.readouterr().err
