@@ -781,7 +781,9 @@ def issue_targets(
 
 
 def merge_reports(reports: list[dict[str, Any]], paths: Sequence[Path]) -> dict[str, Any]:
-    """One report of several runs' trainers, e.g. a longer run of one trainer added later.
+    """One report of several runs' trainers, e.g. a longer run of one trainer added later, or
+    more seeds of the same trainers: a trainer's runs are kept per seed, a later report's run
+    of a seed replacing an earlier one.
 
     Their curves compare only from the same weights: every report's evaluation of its start
     must be the same (the warm-up is seeded, its evaluation too), else this refuses.
@@ -795,14 +797,15 @@ def merge_reports(reports: list[dict[str, Any]], paths: Sequence[Path]) -> dict[
                 f"{path}: its runs start from other weights (start {report['initial']}, "
                 f"{paths[0]}'s {first['initial']}); only reports of the same warm-up merge"
             )
-    runs: dict[str, list[dict[str, Any]]] = {}
+    by_seed: dict[str, dict[Any, dict[str, Any]]] = {}
     flops: dict[str, float] = {}
     for report in reports:
-        runs.update(report["runs"])
+        for name, seeds in report["runs"].items():
+            by_seed.setdefault(name, {}).update({r.get("seed"): r for r in seeds})
         flops.update(report.get("learner_gflop_per_step") or {})
     return {
         **first,
-        "runs": runs,
+        "runs": {name: list(seeds.values()) for name, seeds in by_seed.items()},
         "learner_gflop_per_step": flops,
         "merged_from": [
             {"path": str(path), "time": r["time"], "trainers": list(r["runs"]), **r["workload"]}

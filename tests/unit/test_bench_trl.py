@@ -243,13 +243,26 @@ def test_reports_of_one_warm_up_merge_each_trainer_from_the_last() -> None:
     b = _report(0.137, {"sao": 2000})
     merged = bench_trl.merge_reports([a, b], [Path("a.json"), Path("b.json")])
     assert list(merged["runs"]) == ["trl_grpo", "sao", "grpo"]
-    assert merged["runs"]["sao"] is b["runs"]["sao"]  # the later, longer run
-    assert merged["runs"]["grpo"] is a["runs"]["grpo"]
+    assert merged["runs"]["sao"] == b["runs"]["sao"]  # the later, longer run
+    assert merged["runs"]["grpo"] == a["runs"]["grpo"]
     assert [m["trainers"] for m in merged["merged_from"]] == [["trl_grpo", "sao", "grpo"], ["sao"]]
     label = bench_trl.steps_label(merged["runs"])
     assert label == "trl_grpo 3000, sao 2000, grpo 1000 steps"
     assert bench_trl.steps_label(a["runs"] | {"trl_grpo": a["runs"]["sao"]}) == "1000 steps"
     assert bench_trl.merge_reports([a], [Path("a.json")]) is a
+
+
+def test_reports_of_other_seeds_add_their_runs() -> None:
+    a = _report(0.13, {"sao": 20, "trl_grpo": 10})
+    b = _report(0.13, {"sao": 30, "trl_grpo": 12})
+    for report, seed in ((a, 0), (b, 1)):
+        for runs in report["runs"].values():
+            runs[0]["seed"] = seed
+    merged = bench_trl.merge_reports([a, b], [Path("a.json"), Path("b.json")])
+    assert [r["seed"] for r in merged["runs"]["sao"]] == [0, 1]
+    assert [r["seed"] for r in merged["runs"]["trl_grpo"]] == [0, 1]
+    again = bench_trl.merge_reports([merged, b], [Path("m.json"), Path("b.json")])
+    assert [r["seed"] for r in again["runs"]["sao"]] == [0, 1]  # a seed's rerun replaces it
 
 
 def test_reports_from_other_weights_do_not_merge() -> None:
