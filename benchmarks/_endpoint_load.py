@@ -41,6 +41,7 @@ from typing import Any
 from benchmarks._common import machine, write_report
 from saorl.config import EnvConfig, load_config
 from saorl.engines.hf import HFEngine
+from saorl.engines.protocol import EngineSettings
 from saorl.envs.agent import AgentProgram
 from saorl.envs.arithmetic import ArithmeticTask
 from saorl.models.loading import load_policy
@@ -246,7 +247,7 @@ def load_child(server: str, args, overrides: list[str]) -> dict:
 
     def run(n: int) -> float:
         tasks = [task.sample(rng) for _ in range(n)]
-        engine = LoadEngine(model, tok, max_seq_len=128, max_concurrent=n, seed=0)
+        engine = LoadEngine(model, tok, EngineSettings(max_seq_len=128, max_concurrent=n, seed=0))
         limits = AgentLimits(
             max_seq_len=128, max_new_tokens=args.length, forced_length=lambda: args.length
         )

@@ -75,6 +75,7 @@ from benchmarks._endpoint_load import (  # noqa: E402
 )
 from saorl.config import EnvConfig, load_config  # noqa: E402
 from saorl.engines.hf import HFEngine  # noqa: E402
+from saorl.engines.protocol import EngineSettings  # noqa: E402
 from saorl.envs.agent import AgentProgram  # noqa: E402
 from saorl.envs.arithmetic import ArithmeticEnv, ArithmeticTask  # noqa: E402
 from saorl.models.loading import load_policy  # noqa: E402
@@ -144,7 +145,9 @@ class TimedEngine(HFEngine):
 def run_arm(arm: str, model, tok, tasks, concurrent: int, length: int):
     """`(finished, engine_s)`: seconds from the start until each episode's trajectory came
     out, in order, and each turn's time in the engine (queued, prefilled, decoded)."""
-    engine = TimedEngine(model, tok, max_seq_len=64, max_concurrent=concurrent, seed=0)
+    engine = TimedEngine(
+        model, tok, EngineSettings(max_seq_len=64, max_concurrent=concurrent, seed=0)
+    )
     limits = AgentLimits(max_seq_len=64, max_new_tokens=length, forced_length=lambda: length)
     runs.TrainingEndpoint = threaded_endpoint() if arm == "http_threaded" else TrainingEndpoint
     if arm == "inproc":
