@@ -172,6 +172,24 @@ def room_of(env: Any) -> int | None:
     return env.room() if isinstance(env, HasRoom) else None
 
 
+class PassesOn:
+    """For an environment that wraps another (`inner`): declares the optional members a wrapper
+    passes on, each answering as `inner` does (no tools, no hook, no room limit where it
+    declares none)."""
+
+    inner: Any
+
+    @property
+    def tools(self) -> list[dict]:
+        return tool_schemas(self.inner) or []
+
+    def end_episode(self) -> None:
+        end_episode_of(self.inner)
+
+    def room(self) -> int | None:
+        return room_of(self.inner)
+
+
 @runtime_checkable
 class TaskSource(Protocol):
     """`EnvSpec.task`: training tasks drawn by `sample(rng)` and the held-out ones."""

@@ -57,10 +57,8 @@ from saorl.envs.base import (
     Env,
     EnvSpec,
     Message,
+    PassesOn,
     StepResult,
-    end_episode_of,
-    room_of,
-    tool_schemas,
     training_list,
 )
 from saorl.envs.custom import load_reference
@@ -200,7 +198,7 @@ def check_reward_fns(fns: list[RewardFn], task: Any) -> None:
         )
 
 
-class RewardEnv:
+class RewardEnv(PassesOn):
     """Wraps an environment: its episodes end where it says, scored by the reward functions.
     The wrapped environment's optional members (`saorl.envs.base`: tools, `end_episode`,
     `room`) are declared here and passed on."""
@@ -213,16 +211,6 @@ class RewardEnv:
         self.timeout_s = timeout_s
         self.task: Any = None
         self.messages: list[Message] = []
-
-    @property
-    def tools(self) -> list[dict]:
-        return tool_schemas(self.inner) or []
-
-    def end_episode(self) -> None:
-        end_episode_of(self.inner)
-
-    def room(self) -> int | None:
-        return room_of(self.inner)
 
     async def reset(self, task: Any) -> list[Message]:
         self.task = task

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from saorl.envs.base import end_episode_of, offloaded, room_of, tool_schemas
+from saorl.envs.base import PassesOn, offloaded
 
 STEP_BY_STEP = "Please reason step by step, and put your final answer within \\boxed{}."
 PLACEHOLDER = "{problem}"
@@ -78,28 +78,18 @@ def prompt_template(spec: str) -> PromptTemplate:
     )
 
 
-class TemplatedEnv:
+class TemplatedEnv(PassesOn):
     """An environment whose opening messages follow a template; everything else is the
     wrapped environment's (its optional members, `saorl.envs.base`, declared here and passed
     on)."""
 
     def __init__(self, env: Any, template: PromptTemplate) -> None:
-        self._env = env
+        self.inner = env
         self._template = template
         self.offload = offloaded(env)
 
-    @property
-    def tools(self) -> list[dict]:
-        return tool_schemas(self._env) or []
-
-    def end_episode(self) -> None:
-        end_episode_of(self._env)
-
-    def room(self) -> int | None:
-        return room_of(self._env)
-
     async def reset(self, task: Any) -> list[dict[str, Any]]:
-        messages = [dict(m) for m in await self._env.reset(task)]  # also readies the env
+        messages = [dict(m) for m in await self.inner.reset(task)]  # also readies the env
         problem = getattr(task, "prompt", None)
         if not isinstance(problem, str) or not messages or messages[-1]["role"] != "user":
             raise ValueError(
@@ -117,4 +107,4 @@ class TemplatedEnv:
         return messages
 
     async def step(self, action_text: str) -> Any:
-        return await self._env.step(action_text)
+        return await self.inner.step(action_text)
